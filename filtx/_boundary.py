@@ -1,0 +1,358 @@
+"""The boundary every transform crosses: flatten once, split leaves by role, key
+the cache, rebuild on the other side, and carry non-array outputs back.
+
+Hot path (`Boundary.split`): one `tree_flatten`, one `map(type, ...)`, one dict
+lookup for the plan, two `itertools.compress` calls; the sharing pass only when
+asked for (or when a donated buffer might be aliased).
+"""
+
+from __future__ import annotations
+
+import threading
+from itertools import compress
+from typing import Any, Callable
+
+import jax
+
+from . import _share
+from ._errors import call_leaf_paths, unhashable_static_error
+from ._spec import Deferred, LeafResolver, Role, donate, is_array, static
+
+__all__ = ["Plan", "Boundary", "OutputPack", "pack_outputs", "split_outputs", "join_outputs"]
+
+
+class Plan:
+    """How the leaves of one call signature cross the boundary.
+
+    One per (tree structure, leaf types) — and per result of the user's
+    callable specs, when there are any. `entries` holds what each transform
+    builds per (static leaves, sharing pattern).
+    """
+
+    __slots__ = (
+        "treedef",
+        "static_mask",
+        "dynamic_mask",
+        "donate_mask",
+        "kept_mask",
+        "any_donated",
+        "roles",
+        "axes",
+        "merge",
+        "entries",
+        "deferred",
+        "variants",
+        "rules",
+        "with_axes",
+    )
+
+    def __init__(self, treedef, rules: list, with_axes: bool):
+        self.treedef = treedef
+        self.rules = rules
+        self.with_axes = with_axes
+        self.entries: dict = {}
+        self.deferred = [r for r in rules if isinstance(r, Deferred)] or None
+        self.variants: dict = {}
+        if self.deferred is not None:
+            return
+        self.static_mask = tuple(role is static for role, _ in rules)
+        self.dynamic_mask = tuple(role is not static for role, _ in rules)
+        dynamic_rules = [(r, a) for r, a in rules if r is not static]
+        self.roles: tuple[Role, ...] = tuple(r for r, _ in dynamic_rules)
+        self.donate_mask = tuple(r is donate for r in self.roles)
+        self.kept_mask = tuple(r is not donate for r in self.roles)
+        self.any_donated = any(self.donate_mask)
+        self.axes = tuple(a for _, a in dynamic_rules) if with_axes else None
+        n_static = sum(self.static_mask)
+        order, s, d = [], 0, n_static
+        for is_static in self.static_mask:
+            if is_static:
+                order.append(s)
+                s += 1
+            else:
+                order.append(d)
+                d += 1
+        self.merge = _share.getter(order)
+
+    def rebuild(self, statics: tuple, dynamic) -> Any:
+        """The `(fun, args, kwargs)` root from its static and dynamic leaves."""
+        return self.treedef.unflatten(self.merge(statics + tuple(dynamic)))
+
+    def variant(self, leaves: list, root: Any) -> "Plan":
+        """The plan for this call's results of the user's callable specs."""
+        try:
+            key = tuple([d.evaluate(leaves[d.index]) for d in self.deferred])
+        except Exception as e:
+            index = next(i for i, d in enumerate(self.deferred) if _raises(d, leaves))
+            path = call_leaf_paths(root)[self.deferred[index].index]
+            raise ValueError(
+                f"{path}: the callable in the spec raised {type(e).__name__}: {e}. "
+                f"A callable spec must accept every leaf beneath it."
+            ) from e
+        try:
+            plan = self.variants.get(key)
+        except TypeError:
+            plan = None  # unhashable result: finalize below names it
+        if plan is None:
+            rules = list(self.rules)
+            for d, result in zip(self.deferred, key):
+                try:
+                    rules[d.index] = d.finalize(result, leaves[d.index])
+                except ValueError as e:
+                    path = call_leaf_paths(root)[d.index]
+                    raise ValueError(f"{path} ({type(leaves[d.index]).__name__}): {e}") from None
+            plan = Plan(self.treedef, rules, self.with_axes)
+            self.variants[key] = plan
+        return plan
+
+
+def _raises(deferred: Deferred, leaves) -> bool:
+    try:
+        deferred.evaluate(leaves[deferred.index])
+    except Exception:
+        return True
+    return False
+
+
+class Boundary:
+    """Split calls of `fun` into static leaves, dynamic leaves and a pattern.
+
+    **Arguments:**
+
+    - `fun`: the function's own pytree (a callable Module's arrays, a partial's
+        arguments), flattened with the arguments.
+    - `resolver`: the `LeafResolver` giving each leaf its role (and axis).
+    - `share`: whether the shared-leaf pass runs on every call.
+    """
+
+    def __init__(self, fun: Any, resolver: LeafResolver, share: bool):
+        self.fun = fun
+        self.resolver = resolver
+        self.share = share
+        self.with_axes = resolver.in_axes is not None
+        self.plans: dict = {}
+        self.lock = threading.Lock()
+
+    def split(self, args: tuple, kwargs: dict):
+        """`(plan, statics, dynamic, pattern)` for one call. The hot path."""
+        leaves, treedef = jax.tree_util.tree_flatten((self.fun, args, kwargs))
+        plan = self.plans.get((treedef, tuple(map(type, leaves))))
+        if plan is None:
+            plan = self._new_plan(args, kwargs, leaves, treedef)
+        if plan.deferred is not None:
+            plan = plan.variant(leaves, (self.fun, args, kwargs))
+        statics = tuple(compress(leaves, plan.static_mask))
+        dynamic = list(compress(leaves, plan.dynamic_mask))
+        if self.share:
+            pattern = _share.shared_pattern(dynamic, plan.axes)
+        elif plan.any_donated:
+            pattern = _share.aliased_donation_pattern(dynamic, plan.donate_mask, plan.kept_mask)
+        else:
+            pattern = None
+        return plan, statics, dynamic, pattern
+
+    def _new_plan(self, args, kwargs, leaves, treedef) -> Plan:
+        rules = self.resolver.resolve((self.fun, args, kwargs))
+        plan = Plan(treedef, rules, self.with_axes)
+        with self.lock:
+            return self.plans.setdefault((treedef, tuple(map(type, leaves))), plan)
+
+    def prepare(self, args: tuple, kwargs: dict, build: Callable):
+        """`(entry, dynamic)` for one call of a compiled transform. The hot path.
+
+        `build(plan, statics, pattern)` makes an `Entry` on a cache miss;
+        `dynamic` is what to pass to `entry.call` (one value per unique buffer).
+        """
+        plan, statics, dynamic, pattern = self.split(args, kwargs)
+        try:
+            entry = plan.entries[statics, pattern]
+        except KeyError:
+            built = build(plan, statics, pattern)
+            with self.lock:
+                entry = plan.entries.setdefault((statics, pattern), built)
+        except TypeError:
+            root = (self.fun, args, kwargs)
+            raise unhashable_static_error(root, jax.tree_util.tree_leaves(root), plan.static_mask) from None
+        if pattern is not None:
+            dynamic = entry.take(dynamic)
+        return entry, dynamic
+
+    def clear(self) -> None:
+        with self.lock:
+            self.plans.clear()
+
+
+class Entry:
+    """What a compiled transform dispatches to for one cache key."""
+
+    __slots__ = ("call", "take", "plan", "statics", "pattern")
+
+    def __init__(self, call, plan: Plan, statics: tuple, pattern):
+        self.call = call
+        self.plan = plan
+        self.statics = statics
+        self.pattern = pattern
+        self.take = None if pattern is None else _share.getter(_share.first_positions(pattern))
+
+
+def flat_function(plan: Plan, statics: tuple, pattern, body: Callable) -> Callable:
+    """`flat(*unique_dynamic) -> body(fun, args, kwargs)`, rebuilding the call inside."""
+    expand = None if pattern is None else _share.getter(pattern)
+
+    def flat(*dynamic):
+        if expand is not None:
+            dynamic = expand(dynamic)
+        fun, args, kwargs = plan.rebuild(statics, dynamic)
+        return body(fun, args, kwargs)
+
+    return flat
+
+
+def unique_roles(plan: Plan, pattern) -> tuple[list[bool], tuple | None]:
+    """Donation flags and axes of the unique dynamic values under `pattern`."""
+    if pattern is None:
+        return list(plan.donate_mask), plan.axes
+    donated = _share.unique_donation(pattern, plan.donate_mask)
+    first = _share.first_positions(pattern)
+    axes = tuple(plan.axes[i] for i in first) if plan.axes is not None else None
+    return donated, axes
+
+
+# ---------------------------------------------------------------------------
+# Outputs
+
+
+class _StaticOutputs:
+    """What a trace returned besides arrays. Compared by identity: it rides in a
+    treedef's aux data, where JAX may hash or compare it."""
+
+    __slots__ = ("treedef", "merge", "statics", "expand", "direct")
+
+    def __init__(self, treedef, merge, statics, expand, direct):
+        self.treedef = treedef
+        self.merge = merge  # getter over statics + arrays
+        self.statics = statics
+        self.expand = expand  # getter restoring shared output positions, or None
+        self.direct = direct  # no statics, no sharing: unflatten the arrays as they are
+
+    def build(self, arrays) -> Any:
+        if self.direct:
+            return self.treedef.unflatten(arrays)
+        if self.expand is not None:
+            arrays = self.expand(arrays)
+        return self.treedef.unflatten(self.merge(self.statics + tuple(arrays)))
+
+
+class OutputPack:
+    """A function's output as a pytree node whose children are its arrays.
+
+    Its unflatten rebuilds the user's output, so the static part of every trace
+    comes back through JAX's own per-signature output tree, at no cost per call.
+    """
+
+    __slots__ = ("arrays", "info")
+
+    def __init__(self, arrays: list, info: _StaticOutputs):
+        self.arrays = arrays
+        self.info = info
+
+    def unpack(self) -> Any:
+        return self.info.build(self.arrays)
+
+
+def _pack_flatten(pack: OutputPack):
+    return pack.arrays, pack.info
+
+
+def _pack_unflatten(info: _StaticOutputs, arrays) -> Any:
+    return info.build(list(arrays))
+
+
+jax.tree_util.register_pytree_node(OutputPack, _pack_flatten, _pack_unflatten)
+
+
+def _describe_outputs(out: Any, share: bool, axes_of: Callable | None = None):
+    leaves, treedef = jax.tree_util.tree_flatten(out)
+    mask = [is_array(x) for x in leaves]
+    arrays = [x for x, m in zip(leaves, mask) if m]
+    statics = tuple(x for x, m in zip(leaves, mask) if not m)
+    pattern = None
+    if share and arrays:
+        keys = list(map(id, arrays))
+        if axes_of is not None:
+            keys = list(zip(keys, axes_of(arrays)))
+        pattern = _share.pattern_of(keys)
+    return leaves, treedef, mask, arrays, statics, pattern
+
+
+def pack_outputs(out: Any, share: bool) -> OutputPack:
+    """Pack a traced function's output for `jax.jit`: arrays out, the rest in aux."""
+    leaves, treedef, mask, arrays, statics, pattern = _describe_outputs(out, share)
+    order, s, a = [], 0, len(statics)
+    for m in mask:
+        if m:
+            order.append(a)
+            a += 1
+        else:
+            order.append(s)
+            s += 1
+    expand = None
+    if pattern is not None:
+        expand = _share.getter(pattern)
+        arrays = list(_share.getter(_share.first_positions(pattern))(arrays))
+    direct = not statics and pattern is None
+    info = _StaticOutputs(treedef, _share.getter(order), statics, expand, direct)
+    return OutputPack(arrays, info)
+
+
+class StaticOutputs:
+    """Zero-leaf pytree node carrying non-array outputs of a mapped function.
+
+    A mapped function returns `(arrays_tree, StaticOutputs)`; `arrays_tree` is the
+    user's output with every non-array (and every repeated array) replaced by
+    `None`, so a user's `out_axes` prefix applies to it directly.
+    """
+
+    __slots__ = ("treedef", "statics", "sources", "needed")
+
+    def __init__(self, treedef, statics, sources, needed):
+        self.treedef = treedef
+        self.statics = statics  # {position: object}
+        self.sources = sources  # {position: position it repeats}
+        self.needed = needed
+
+
+jax.tree_util.register_pytree_node(
+    StaticOutputs, lambda s: ((), s), lambda s, _: s
+)
+
+
+def split_outputs(out: Any, share: bool, axes_of: Callable | None = None):
+    """`(arrays_tree, StaticOutputs)` for a mapped function's output."""
+    leaves, treedef = jax.tree_util.tree_flatten(out)
+    statics = {i: x for i, x in enumerate(leaves) if not is_array(x)}
+    sources: dict = {}
+    if share:
+        positions = [i for i in range(len(leaves)) if i not in statics]
+        keys = [id(leaves[i]) for i in positions]
+        if axes_of is not None:
+            keys = list(zip(keys, axes_of(treedef, leaves, positions)))
+        first: dict = {}
+        for i, k in zip(positions, keys):
+            j = first.setdefault(k, i)
+            if j != i:
+                sources[i] = j
+    kept = [None if (i in statics or i in sources) else x for i, x in enumerate(leaves)]
+    needed = bool(statics or sources)
+    return treedef.unflatten(kept), StaticOutputs(treedef, statics, sources, needed)
+
+
+def join_outputs(arrays_tree: Any, info: StaticOutputs) -> Any:
+    if not info.needed:
+        return arrays_tree
+    leaves = info.treedef.flatten_up_to(arrays_tree)
+    for i, x in info.statics.items():
+        leaves[i] = x
+    for i, j in info.sources.items():
+        leaves[i] = leaves[j]
+    return info.treedef.unflatten(leaves)
