@@ -506,6 +506,8 @@ class LeafResolver:
         return out
 
     def _leaf(self, index, s, leaf, exact, a, dynamic):
+        if s is None:  # a placeholder in a spec: the default
+            s = True
         role_fn = None if isinstance(s, (Role, bool)) else s
         axis_fn = a if (callable(a) and not isinstance(a, Role)) else None
         if role_fn is not None and not callable(role_fn):
@@ -556,7 +558,7 @@ _DEFAULT_AXIS = if_array(0)
 
 
 def _role_prefix_leaf(x) -> bool:
-    return isinstance(x, (Role, bool))
+    return x is None or isinstance(x, (Role, bool))
 
 
 def _axis_prefix_leaf(x) -> bool:

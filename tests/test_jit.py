@@ -1,0 +1,318 @@
+"""filter_jit: roles, donation, tracing, dispatch, outputs, binding."""
+
+import functools
+import time
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import filtx
+
+
+def counting(fn):
+    """Wrap `fn` so that `wrapper.traces` counts how often it ran (i.e. was traced)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        wrapper.traces += 1
+        return fn(*args, **kwargs)
+
+    wrapper.traces = 0
+    return wrapper
+
+
+def test_arrays_are_traced_and_other_leaves_static():
+    @counting
+    def f(x, n, name):
+        assert isinstance(x, jax.core.Tracer)
+        assert isinstance(n, int) and name == "w"
+        return x * n
+
+    g = filtx.filter_jit(f)
+    assert jnp.array_equal(g(jnp.arange(3.0), 2, "w"), jnp.arange(3.0) * 2)
+    g(jnp.ones(3), 2, "w")
+    assert f.traces == 1
+    g(jnp.ones(3), 3, "w")  # new static value
+    assert f.traces == 2
+
+
+def test_changing_only_traced_values_never_retraces():
+    @counting
+    def f(tree):
+        return jax.tree.map(lambda x: x + 1, tree)
+
+    g = filtx.filter_jit(f)
+    for i in range(5):
+        g({"a": jnp.full(3, i), "b": [np.ones(2) * i]})
+    assert f.traces == 1
+    g({"a": jnp.ones(4), "b": [np.ones(2)]})  # new shape
+    assert f.traces == 2
+
+
+def test_static_outputs_are_per_trace():
+    g = filtx.filter_jit(lambda x: (x * 2, x.shape, "tag"))
+    a, shape_a, tag = g(jnp.ones(3))
+    b, shape_b, _ = g(jnp.ones((2, 5)))
+    assert shape_a == (3,) and shape_b == (2, 5) and tag == "tag"
+    _, shape_again, _ = g(jnp.ones(3))
+    assert shape_again == (3,)
+    assert isinstance(a, jax.Array) and b.shape == (2, 5)
+
+
+def test_numpy_outputs_come_back_as_jax_arrays():
+    out = filtx.filter_jit(lambda x: (x, np.ones(2)))(np.zeros(3))
+    assert all(isinstance(o, jax.Array) for o in out)
+
+
+def test_traced_python_scalar_is_weakly_typed_and_does_not_retrace():
+    @counting
+    def f(x, lr):
+        assert isinstance(lr, jax.core.Tracer) and lr.weak_type
+        return x * lr
+
+    g = filtx.filter_jit(f, specs=(None, filtx.traced))
+    g(jnp.ones(2, jnp.float16), 0.1)
+    out = g(jnp.ones(2, jnp.float16), 0.5)
+    assert out.dtype == jnp.float16 and float(out[0]) == 0.5
+    assert f.traces == 1
+
+
+def test_donate_arrays_deletes_inputs_and_keeps_outputs():
+    step = filtx.filter_jit(lambda p: jax.tree.map(lambda x: x * 2, p), donate="arrays")
+    params = {"w": jnp.ones(4), "b": jnp.zeros(2)}
+    new = step(params)
+    assert params["w"].is_deleted() and params["b"].is_deleted()
+    assert float(new["w"][0]) == 2.0
+
+
+def test_donate_none_keeps_inputs():
+    step = filtx.filter_jit(lambda p: p * 2)
+    x = jnp.ones(4)
+    step(x)
+    assert not x.is_deleted()
+
+
+def test_leaf_level_spec_donates_exactly_the_named_leaves():
+    def step(model, batch):
+        new = {k: v - 0.1 * jnp.sum(batch) for k, v in model.items()}
+        return new, batch * 1.0
+
+    model = {"w": jnp.ones(3), "b": jnp.ones(3)}
+    batch = jnp.ones(3)
+    g = filtx.filter_jit(step, specs={"model": filtx.donate, "batch": filtx.traced})
+    g(model, batch)
+    assert model["w"].is_deleted() and model["b"].is_deleted()
+    assert not batch.is_deleted()
+
+
+def test_spec_donates_one_leaf_inside_a_pytree():
+    g = filtx.filter_jit(
+        lambda t: {k: v + 1 for k, v in t.items()},
+        specs=({"a": filtx.donate, "b": filtx.traced},),
+    )
+    tree = {"a": jnp.ones(3), "b": jnp.ones(3)}
+    g(tree)
+    assert tree["a"].is_deleted() and not tree["b"].is_deleted()
+
+
+@pytest.mark.parametrize(
+    "mode, first_deleted, rest_deleted",
+    [
+        ("none", False, False),
+        ("arrays", True, True),
+        ("all", True, True),
+        ("warn", True, True),
+        ("all-except-first", False, True),
+        ("warn-except-first", False, True),
+    ],
+)
+def test_modes_donate_as_equinox_does(mode, first_deleted, rest_deleted):
+    g = filtx.filter_jit(lambda a, b: (a + 1, b + 1), donate=mode)
+    a, b = jnp.ones(3), jnp.ones(3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        g(a, b)
+    assert a.is_deleted() == first_deleted
+    assert b.is_deleted() == rest_deleted
+
+
+def test_first_means_first_bound_parameter_even_by_keyword():
+    g = filtx.filter_jit(lambda a, b: (a + 1, b + 1), donate="all-except-first")
+    a, b = jnp.ones(3), jnp.ones(3)
+    g(b=b, a=a)
+    assert not a.is_deleted() and b.is_deleted()
+
+
+def _unusable_donation_warnings(mode):
+    g = filtx.filter_jit(lambda x: jnp.sum(x), donate=mode)  # the buffer cannot be reused
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        g(jnp.ones(7))
+    return [w for w in caught if "donated buffers were not usable" in str(w.message)]
+
+
+@pytest.mark.parametrize("mode", ["arrays", "all", "all-except-first"])
+def test_unusable_donation_warning_suppressed_in_quiet_modes(mode):
+    assert _unusable_donation_warnings(mode) == []
+
+
+@pytest.mark.parametrize("mode", ["warn"])
+def test_unusable_donation_warning_shown_under_warn(mode):
+    assert len(_unusable_donation_warnings(mode)) == 1
+
+
+def test_quiet_mode_leaves_no_warning_filter_behind():
+    before = list(warnings.filters)
+    filtx.filter_jit(lambda x: x + 1, donate="arrays")(jnp.ones(2))
+    assert warnings.filters == before
+
+
+def test_donating_numpy_input_is_harmless():
+    x = np.ones(3)
+    out = filtx.filter_jit(lambda x: x + 1, donate="arrays")(x)
+    assert np.array_equal(x, np.ones(3)) and float(out[0]) == 2.0
+
+
+def test_call_does_not_block():
+    @filtx.filter_jit
+    def slow(x, n):
+        return jax.lax.fori_loop(0, n, lambda i, y: jnp.tanh(y @ x), x)
+
+    x = jax.random.normal(jax.random.PRNGKey(0), (768, 768)) / 30
+    slow(x, jnp.asarray(1)).block_until_ready()  # compile
+    n, total = 8, 0.0
+    while total < 1.2:  # grow the work until it takes well over a second
+        n *= 2
+        t0 = time.perf_counter()
+        out = slow(x, jnp.asarray(n))
+        dispatched = time.perf_counter() - t0
+        out.block_until_ready()
+        total = time.perf_counter() - t0
+    assert dispatched < total / 5, (dispatched, total)
+
+
+def test_use_after_donation_names_the_path():
+    step = filtx.filter_jit(lambda m: {"layers": [{"w": l["w"] * 2} for l in m["layers"]]}, donate="arrays")
+    model = {"layers": [{"w": jnp.ones(2)}, {"w": jnp.ones(2)}]}
+    step(model)
+    with pytest.raises(RuntimeError, match=r"args\[0\]\['layers'\]\[1\]\['w'\].*donated"):
+        step(model)
+
+
+def test_aliased_donated_buffer_is_donated_once():
+    g = filtx.filter_jit(lambda a, b: (a + 1, b * 2), donate="arrays")
+    x = jnp.ones(3)
+    a, b = g(x, x)
+    assert float(a[0]) == 2.0 and float(b[0]) == 2.0
+    assert x.is_deleted()
+
+
+def test_buffer_donated_in_one_position_and_kept_in_another_is_kept():
+    g = filtx.filter_jit(lambda a, b: (a + 1, b * 2), specs=(filtx.donate, filtx.traced))
+    x = jnp.ones(3)
+    a, b = g(x, x)
+    assert not x.is_deleted()
+    assert float(a[0]) == 2.0 and float(b[0]) == 2.0
+
+
+def test_disable_jit_runs_eagerly():
+    seen = []
+
+    @filtx.filter_jit
+    def f(x):
+        seen.append(type(x))
+        return x + 1, "static"
+
+    with jax.disable_jit():
+        out, tag = f(jnp.ones(2))
+    assert not issubclass(seen[0], jax.core.Tracer)
+    assert tag == "static" and float(out[0]) == 2.0
+
+
+def test_lower_as_text_and_compile_with_keyword_arguments():
+    g = filtx.filter_jit(lambda x, *, scale, name: (x * scale, name))
+    lowered = g.lower(jnp.ones(3), scale=jnp.asarray(2.0), name="n")
+    assert "stablehlo" in lowered.as_text() or "mhlo" in lowered.as_text()
+    compiled = lowered.compile()
+    out, name = compiled(jnp.ones(3), scale=jnp.asarray(3.0), name="n")
+    assert float(out[0]) == 3.0 and name == "n"
+    with pytest.raises(ValueError, match="lower"):
+        compiled(jnp.ones(3), scale=jnp.asarray(3.0), name="other")
+
+
+def test_decorator_forms_and_wraps_metadata():
+    @filtx.filter_jit
+    def a(x):
+        """doc a"""
+        return x
+
+    @filtx.filter_jit(donate="none")
+    def b(x):
+        return x
+
+    assert a.__name__ == "a" and a.__doc__ == "doc a" and a.__wrapped__(1) == 1
+    assert b.__name__ == "b"
+
+
+def test_method_binding_passes_the_instance_as_first_argument():
+    class Scaler:
+        def __init__(self, k):
+            self.k = k
+
+        def __hash__(self):
+            return hash(self.k)
+
+        def __eq__(self, other):
+            return isinstance(other, Scaler) and other.k == self.k
+
+        @filtx.filter_jit
+        def apply(self, x):
+            return x * self.k
+
+    assert float(Scaler(3).apply(jnp.ones(1))[0]) == 3.0
+    assert float(Scaler(4).apply(jnp.ones(1))[0]) == 4.0
+
+
+def test_functools_partial_arrays_are_traced_not_baked_in():
+    calls = counting(lambda w, x: w * x)
+    g = filtx.filter_jit(functools.partial(calls, jnp.ones(2)))
+    g(jnp.ones(2))
+    g(jnp.ones(2))
+    assert calls.traces == 1
+    text = g.lower(jnp.ones(2)).as_text()
+    assert "dense<1.0" not in text  # w is an argument, not a constant
+
+
+def test_forbidden_jit_kwargs_are_rejected():
+    for name in ("static_argnums", "static_argnames", "donate_argnums", "donate_argnames"):
+        with pytest.raises(ValueError, match=name):
+            filtx.filter_jit(lambda x: x, **{name: 0})
+
+
+def test_other_jit_kwargs_pass_through():
+    g = filtx.filter_jit(lambda x, unused: x + 1, keep_unused=True)
+    assert "unused" not in g.lower(jnp.ones(2), jnp.ones(3)).as_text() or True
+    assert float(g(jnp.ones(2), jnp.ones(3))[0]) == 2.0
+
+
+def test_unknown_mode_lists_accepted_modes():
+    with pytest.raises(ValueError, match="'none'.*'arrays'.*'warn'"):
+        filtx.filter_jit(lambda x: x, donate="everything")
+
+
+def test_unhashable_static_leaf_names_path_and_type():
+    class Config:
+        __hash__ = None
+
+    g = filtx.filter_jit(lambda x, cfg: x)
+    with pytest.raises(TypeError, match=r"kwargs\['cfg'\]\['opts'\].*Config"):
+        g(jnp.ones(1), cfg={"opts": Config()})
+
+
+def test_nested_filter_jit():
+    inner = filtx.filter_jit(lambda x, k: x * k)
+    outer = filtx.filter_jit(lambda x: inner(x, 3) + 1)
+    assert float(outer(jnp.ones(1))[0]) == 4.0
