@@ -7,11 +7,13 @@ Every leaf that crosses `filter_jit`, `filter_vmap` or `filter_pmap` is
 from ._jit import filter_jit
 from ._share import SharingPattern, reshare, unshare
 from ._spec import donate, if_array, is_array, static, traced
+from ._vmap import filter_vmap
 
 __version__ = "0.1.0"
 
 __all__ = [
     "filter_jit",
+    "filter_vmap",
     "static",
     "traced",
     "donate",

@@ -52,6 +52,8 @@ traced = Role("traced")
 donate = Role("donate")
 
 ARRAY_TYPES = (jax.Array, np.ndarray, np.generic)
+# Tracers pass isinstance(x, jax.Array) but are no subclass of it.
+_ARRAY_CLASSES = ARRAY_TYPES + (jax.core.Tracer,)
 _NUMBER_TYPES = (bool, int, float, complex)
 
 
@@ -83,7 +85,7 @@ def is_array(x: Any) -> bool:
 
 
 def is_array_type(t: type) -> bool:
-    return issubclass(t, ARRAY_TYPES)
+    return issubclass(t, _ARRAY_CLASSES)
 
 
 class if_array:

@@ -316,3 +316,17 @@ def test_nested_filter_jit():
     inner = filtx.filter_jit(lambda x, k: x * k)
     outer = filtx.filter_jit(lambda x: inner(x, 3) + 1)
     assert float(outer(jnp.ones(1))[0]) == 4.0
+
+
+def test_tracers_from_an_outer_transform_are_traced_not_static():
+    inner_traces = []
+
+    @filtx.filter_jit
+    def inner(x):
+        inner_traces.append(type(x))
+        return x * 2
+
+    out = jax.jit(lambda x: inner(x) + 1)(jnp.ones(2))
+    assert float(out[0]) == 3.0
+    jax.vmap(lambda x: inner(x))(jnp.ones((3, 2)))
+    assert all(issubclass(t, jax.core.Tracer) for t in inner_traces)

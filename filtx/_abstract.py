@@ -1,0 +1,127 @@
+"""Output axes of mapped transforms, resolved by abstract evaluation.
+
+`out_axes` is a pytree prefix of the output whose leaves are ints, `None`,
+`filtx.static` or callables `leaf -> int | None`. When every callable is one that
+depends on the leaf's type only (`filtx.if_array`), the prefix is translated
+once and JAX applies it. Otherwise the function is evaluated abstractly once per
+new input signature, each callable is applied to the abstract output leaves
+(tracers: `filtx.is_array` and `equinox.is_array` hold for them), and the
+resolved axes are cached with the signature.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+import jax
+
+from ._errors import SpecError
+from ._spec import Role, broadcast_prefix, check_callable_result, is_array, static, type_only
+
+__all__ = ["OutAxes", "SignatureCache", "signature_of"]
+
+
+def _axis_prefix_leaf(x) -> bool:
+    return x is None or isinstance(x, Role)
+
+
+def _is_axis(a) -> bool:
+    return a is None or a is static or (isinstance(a, int) and not isinstance(a, bool))
+
+
+class OutAxes:
+    """A user's `out_axes`, parsed once."""
+
+    def __init__(self, out_axes: Any):
+        self.prefix = out_axes
+        leaves = jax.tree_util.tree_leaves(out_axes, is_leaf=_axis_prefix_leaf)
+        self.needs_evaluation = any(
+            callable(a) and not isinstance(a, Role) and type_only(a) is None for a in leaves
+        )
+        for a in leaves:
+            if not (callable(a) or _is_axis(a)):
+                raise ValueError(
+                    f"out_axes leaves must be ints, None, filtx.static or callables "
+                    f"returning one of those; got {a!r}."
+                )
+        self.translated = None if self.needs_evaluation else jax.tree_util.tree_map(
+            _translate, out_axes, is_leaf=_axis_prefix_leaf
+        )
+
+    def per_leaf(self, out: Any) -> list:
+        """The axis of every leaf of `out` (None for non-arrays). Trace time only."""
+        try:
+            triples = broadcast_prefix(self.prefix, out, _axis_prefix_leaf)
+        except SpecError as e:
+            raise ValueError(f"out_axes: {e}") from None
+        axes = []
+        for a, leaf, _ in triples:
+            if not is_array(leaf):
+                axes.append(None)
+                continue
+            if callable(a) and not isinstance(a, Role):
+                result = a(leaf)
+                try:
+                    check_callable_result(a, result, _is_axis, "an int, None or filtx.static")
+                except SpecError as e:
+                    raise ValueError(f"out_axes: {e}") from None
+                a = result
+            axes.append(None if a is static else a)
+        return axes
+
+    def tree_for(self, out: Any) -> Any:
+        """A full out_axes tree for `out`: one int or None per leaf."""
+        leaves, treedef = jax.tree_util.tree_flatten(out)
+        return treedef.unflatten(self.per_leaf(out))
+
+
+def _translate(a):
+    if a is static:
+        return None
+    if callable(a) and not isinstance(a, Role):
+        axis = a.axis  # only filtx.if_array reaches here
+        return axis
+    return a
+
+
+def signature_of(values: list) -> tuple:
+    """Abstract signature of dynamic values: shape, dtype, weak type. Per call."""
+    return tuple(map(jax.typeof, values))
+
+
+class SignatureCache:
+    """A small thread-safe dict from abstract signature to what was built for it."""
+
+    def __init__(self):
+        self.items: dict = {}
+        self.lock = threading.Lock()
+
+    def get_or_build(self, key, build: Callable[[], Any]) -> Any:
+        found = self.items.get(key)
+        if found is None:
+            built = build()
+            with self.lock:
+                found = self.items.setdefault(key, built)
+        return found
+
+    def clear(self):
+        with self.lock:
+            self.items.clear()
+
+
+def out_axes_tree_by_evaluation(
+    out_axes: OutAxes, evaluate: Callable[[Callable[[Any], Any]], None]
+) -> Any:
+    """Resolve callable out_axes on an abstract evaluation of the function.
+
+    `evaluate(record)` must run the function abstractly (tracing only) and call
+    `record(out)` on its output tracers; the result is the full out_axes tree.
+    """
+    found = []
+
+    def record(out):
+        found.append(out_axes.tree_for(out))
+
+    evaluate(record)
+    return found[0]
