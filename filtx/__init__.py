@@ -8,12 +8,14 @@ from ._jit import filter_jit
 from ._share import SharingPattern, reshare, unshare
 from ._spec import donate, if_array, is_array, static, traced
 from ._vmap import filter_vmap
+from ._pmap import filter_pmap
 
 __version__ = "0.1.0"
 
 __all__ = [
     "filter_jit",
     "filter_vmap",
+    "filter_pmap",
     "static",
     "traced",
     "donate",

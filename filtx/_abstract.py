@@ -125,3 +125,38 @@ def out_axes_tree_by_evaluation(
 
     evaluate(record)
     return found[0]
+
+
+# Collectives whose result is the same on every device of the axis.
+_UNIFORMING = {"psum", "pmax", "pmin", "all_gather", "psum_invariant", "pbroadcast"}
+
+
+def varying_outputs(jaxpr, varying_inputs: list[bool]) -> list[bool]:
+    """Which outputs of `jaxpr` may differ across devices.
+
+    Mapped inputs and `axis_index` vary; reducing collectives make a value the
+    same everywhere; anything else varies when an input does. Nested jaxprs of
+    calls (`pjit`, custom derivatives) are followed; other control flow is taken
+    as varying when any input is, so the answer errs towards "varies".
+    """
+    varying: set = {v for v, m in zip(jaxpr.invars, varying_inputs) if m}
+
+    def is_varying(atom) -> bool:
+        return not hasattr(atom, "val") and atom in varying
+
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        if name in _UNIFORMING:
+            continue
+        inputs = [is_varying(a) for a in eqn.invars]
+        if name == "axis_index":
+            outs = [True] * len(eqn.outvars)
+        else:
+            inner = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
+            inner = getattr(inner, "jaxpr", inner)
+            if inner is not None and hasattr(inner, "eqns") and len(inner.invars) == len(inputs):
+                outs = varying_outputs(inner, inputs)
+            else:
+                outs = [any(inputs)] * len(eqn.outvars)
+        varying.update(v for v, o in zip(eqn.outvars, outs) if o)
+    return [is_varying(v) for v in jaxpr.outvars]

@@ -29,6 +29,7 @@ model for a few steps).
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import math
 import os
@@ -192,6 +193,9 @@ def train(config: DonationConfig, donate: str) -> dict:
         seconds = time.perf_counter() - start
 
     unusable = [w for w in caught if UNUSABLE_DONATION_WARNING in str(w.message)]
+    for w in caught:
+        if w not in unusable:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     return {
         "mode": donate,
         "backend": jax.default_backend(),
@@ -237,9 +241,13 @@ def run_worker(section: str, mode: str, quick: bool, timeout: float) -> dict:
             env=worker_environment(),
         )
     except subprocess.TimeoutExpired as error:
+        # The output caught before the kill comes back as bytes, `text=` or not.
+        stderr = error.stderr or b""
+        if isinstance(stderr, bytes):
+            stderr = stderr.decode(errors="replace")
         raise RuntimeError(
             f"the {section} worker for mode {mode!r} ran past {timeout:g} s; "
-            f"its stderr:\n{error.stderr or ''}"
+            f"its stderr:\n{stderr}"
         ) from None
     if completed.returncode != 0:
         raise RuntimeError(
@@ -300,6 +308,8 @@ def interpret(rows: list[dict], parameter_mb: float) -> str:
 
 
 def donation_section(quick: bool, timeout: float) -> None:
+    if importlib.util.find_spec("equinox") is None:
+        sys.exit("the donation demo needs equinox: pip install 'filtx[demo]'")
     config = config_for(quick)
     print(
         f"== donation: an MLP with {config.parameter_mb():.0f} MB of float32 parameters, "
@@ -338,7 +348,10 @@ def parse_arguments(argv):
     parser.add_argument(
         "--worker", nargs=2, metavar=("SECTION", "MODE"), help=argparse.SUPPRESS
     )
-    return parser.parse_args(argv)
+    arguments = parser.parse_args(argv)
+    if arguments.worker is not None and arguments.worker[0] not in WORKERS:
+        parser.error(f"no worker for section {arguments.worker[0]!r}")
+    return arguments
 
 
 def main(argv=None) -> int:

@@ -1,0 +1,164 @@
+"""filter_pmap: whole models in and out, one trace, donation, axes, errors."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import filtx
+
+N = 8
+
+
+def replicate(tree):
+    return jax.tree.map(lambda x: jnp.broadcast_to(x, (N,) + x.shape) if filtx.is_array(x) else x, tree)
+
+
+def make_model():
+    key1, key2 = jax.random.split(jax.random.PRNGKey(0))
+    return {
+        "w1": jax.random.normal(key1, (4, 16)) * 0.3,
+        "w2": jax.random.normal(key2, (16, 1)) * 0.3,
+        "activation": jax.nn.tanh,
+    }
+
+
+def loss_fn(model, x, y):
+    hidden = model["activation"](x @ model["w1"])
+    return jnp.mean((hidden @ model["w2"] - y) ** 2)
+
+
+def sgd_step(model, x, y, lr=0.1):
+    loss, grads = jax.value_and_grad(lambda m: loss_fn({**model, **m}, x, y))(
+        {k: v for k, v in model.items() if filtx.is_array(v)}
+    )
+    grads = jax.lax.pmean(grads, "devices")
+    new = {k: (v - lr * grads[k] if k in grads else v) for k, v in model.items()}
+    return new, jax.lax.pmean(loss, "devices")
+
+
+def data(seed=1):
+    x = jax.random.normal(jax.random.PRNGKey(seed), (N, 16, 4))
+    return x, jnp.sin(x.sum(-1, keepdims=True))
+
+
+def test_training_step_returns_whole_model_and_is_traced_once():
+    traces = []
+
+    def step(model, x, y):
+        traces.append(1)
+        return sgd_step(model, x, y)
+
+    p = filtx.filter_pmap(step, axis_name="devices", donate="arrays", out_axes=(filtx.if_array(0), None))
+    model = replicate(make_model())
+    x, y = data()
+    losses = []
+    for _ in range(30):
+        model, loss = p(model, x, y)
+        losses.append(float(loss))
+    assert len(traces) == 1
+    assert model["activation"] is jax.nn.tanh
+    assert model["w1"].shape == (N, 4, 16) and np.shape(loss) == ()
+    assert losses[-1] < losses[0]
+
+
+def test_donation_deletes_the_previous_steps_arrays():
+    p = filtx.filter_pmap(lambda m: jax.tree.map(lambda a: a * 2, m), donate="arrays")
+    model = p({"w": jnp.ones((N, 3))})  # the first output is sharded over devices
+    old = model["w"]
+    model = p(model)
+    assert old.is_deleted() and not model["w"].is_deleted()
+
+
+def test_donate_none_keeps_arrays():
+    p = filtx.filter_pmap(lambda m: m * 2)
+    x = p(jnp.ones((N, 3)))
+    p(x)
+    assert not x.is_deleted()
+
+
+def test_matches_single_device_training():
+    p = filtx.filter_pmap(sgd_step, axis_name="devices", out_axes=(filtx.if_array(0), None))
+    model = replicate(make_model())
+    reference = make_model()
+    x, y = data()
+    for _ in range(3):
+        model, _ = p(model, x, y)
+        # one device on the whole batch: the mean of per-device means
+        grads = jax.grad(lambda m: loss_fn({**reference, **m}, x.reshape(-1, 4), y.reshape(-1, 1)))(
+            {k: v for k, v in reference.items() if filtx.is_array(v)}
+        )
+        reference = {k: (v - 0.1 * grads[k] if k in grads else v) for k, v in reference.items()}
+    assert jnp.allclose(model["w1"][0], reference["w1"], atol=1e-5)
+    assert jnp.allclose(model["w1"][0], model["w1"][N - 1])
+
+
+def test_out_axes_none_returns_one_copy_and_ints_place_the_axis():
+    p = filtx.filter_pmap(lambda x: (jax.lax.psum(x, "d"), x), axis_name="d", out_axes=(None, 1))
+    total, same = p(jnp.ones((N, 3)))
+    assert total.shape == (3,) and float(total[0]) == N
+    assert same.shape == (3, N)
+
+
+def test_callable_out_axes_resolved_by_abstract_evaluation():
+    p = filtx.filter_pmap(
+        lambda x: (x, jax.lax.pmean(x.sum(), "d")),
+        axis_name="d",
+        out_axes=lambda leaf: 0 if leaf.ndim else None,
+    )
+    per_device, mean = p(jnp.ones((N, 3)))
+    assert per_device.shape == (N, 3) and mean.shape == ()
+
+
+def test_out_axes_none_on_a_varying_output_is_an_error():
+    p = filtx.filter_pmap(lambda x: {"y": x * 2}, out_axes=None)
+    with pytest.raises(ValueError, match=r"out_axes is None for output out\['y'\].*differ across devices"):
+        p(jnp.ones((N, 2)))
+
+
+def test_placement_change_does_not_retrace():
+    traces = []
+
+    def f(x):
+        traces.append(1)
+        return x + 1
+
+    p = filtx.filter_pmap(f)
+    x = np.ones((N, 2))  # host array
+    x = p(x)  # now sharded over devices
+    x = p(x)
+    x = p(np.ones((N, 2)))  # back to a host array
+    assert len(traces) == 1
+
+
+def test_keyword_arguments_and_dict_in_axes():
+    p = filtx.filter_pmap(lambda x, *, scale: x * scale, in_axes={"scale": None})
+    assert p(jnp.ones((N, 2)), scale=jnp.asarray(3.0)).shape == (N, 2)
+
+
+def test_mapped_size_larger_than_device_count_names_the_leaf():
+    with pytest.raises(ValueError, match=r"args\[0\]\['w'\].*size 9.*8 local device"):
+        filtx.filter_pmap(lambda t: t)({"w": jnp.ones((9, 2))})
+
+
+def test_inconsistent_sizes_name_the_leaves():
+    with pytest.raises(ValueError, match=r"args\[0\]: 8; args\[1\]: 4"):
+        filtx.filter_pmap(lambda a, b: a)(jnp.ones((8, 2)), jnp.ones((4, 2)))
+
+
+def test_aliased_donated_buffer_is_donated_once():
+    p = filtx.filter_pmap(lambda a, b: (a + 1, b + 1), donate="arrays")
+    x = p(jnp.zeros((N, 2)), jnp.zeros((N, 2)))[0]
+    a, b = p(x, x)
+    assert float(a[0, 0]) == 2.0 and float(b[0, 0]) == 2.0
+
+
+def test_static_spec_and_static_in_axes():
+    def f(x, k, name):
+        assert isinstance(k, int) and name == "n"
+        return x * k
+
+    p = filtx.filter_pmap(f, in_axes=(0, filtx.static, filtx.static))
+    assert float(p(jnp.ones((N, 1)), 3, "n")[0, 0]) == 3.0
