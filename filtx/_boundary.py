@@ -44,12 +44,14 @@ class Plan:
         "variants",
         "rules",
         "with_axes",
+        "canonical",
     )
 
-    def __init__(self, treedef, rules: list, with_axes: bool):
+    def __init__(self, treedef, rules: list, with_axes: bool, canonical: dict):
         self.treedef = treedef
         self.rules = rules
         self.with_axes = with_axes
+        self.canonical = canonical
         self.entries: dict = {}
         self.deferred = [r for r in rules if isinstance(r, Deferred)] or None
         self.variants: dict = {}
@@ -101,9 +103,22 @@ class Plan:
                 except ValueError as e:
                     path = call_leaf_paths(root)[d.index]
                     raise ValueError(f"{path} ({type(leaves[d.index]).__name__}): {e}") from None
-            plan = Plan(self.treedef, rules, self.with_axes)
+            plan = canonical_plan(self.canonical, self.treedef, rules, self.with_axes)
             self.variants[key] = plan
         return plan
+
+
+def canonical_plan(canonical: dict, treedef, rules: list, with_axes: bool) -> Plan:
+    """One Plan per (structure, resolved roles and axes): calls whose leaf types
+    differ (a NumPy array here, a jax.Array there) but resolve alike share its
+    compiled entries, so they never retrace."""
+    if any(isinstance(r, Deferred) for r in rules):
+        return Plan(treedef, rules, with_axes, canonical)
+    key = (treedef, tuple(rules))
+    plan = canonical.get(key)
+    if plan is None:
+        plan = canonical.setdefault(key, Plan(treedef, rules, with_axes, canonical))
+    return plan
 
 
 def _raises(deferred: Deferred, leaves) -> bool:
@@ -131,6 +146,7 @@ class Boundary:
         self.share = share
         self.with_axes = resolver.in_axes is not None
         self.plans: dict = {}
+        self.canonical: dict = {}
         self.lock = threading.Lock()
 
     def split(self, args: tuple, kwargs: dict):
@@ -153,8 +169,8 @@ class Boundary:
 
     def _new_plan(self, args, kwargs, leaves, treedef) -> Plan:
         rules = self.resolver.resolve((self.fun, args, kwargs))
-        plan = Plan(treedef, rules, self.with_axes)
         with self.lock:
+            plan = canonical_plan(self.canonical, treedef, rules, self.with_axes)
             return self.plans.setdefault((treedef, tuple(map(type, leaves))), plan)
 
     def prepare(self, args: tuple, kwargs: dict, build: Callable):
@@ -180,6 +196,7 @@ class Boundary:
     def clear(self) -> None:
         with self.lock:
             self.plans.clear()
+            self.canonical.clear()
 
 
 class Entry:

@@ -8,8 +8,8 @@ by plain SGD on a synthetic regression task. The training step
 `filtx.filter_jit(donate=mode)` and run once for each donation mode:
 
 - `none`: the parameters are traced and kept. While a step runs, the old
-  parameters (still referenced by its inputs) and the new ones both occupy
-  memory.
+  parameters (its inputs) and the new ones both occupy memory; with
+  asynchronous dispatch, steps queued behind it can hold further copies.
 - `arrays`: every array argument is donated, so XLA writes the new parameters
   into the old parameters' buffers. The batch is donated too; JAX cannot reuse
   its buffers for any output, and filtx silently drops that warning.
@@ -29,7 +29,6 @@ model for a few steps).
 
 import argparse
 import dataclasses
-import importlib.util
 import json
 import math
 import os
@@ -38,6 +37,20 @@ import subprocess
 import sys
 import time
 import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import filtx
+
+
+try:
+    import equinox as eqx
+except ModuleNotFoundError as error:
+    raise ModuleNotFoundError(
+        "filtx.demo needs equinox: pip install 'filtx[demo]'"
+    ) from error
 
 
 DONATION_MODES = ("none", "arrays", "warn")
@@ -93,10 +106,7 @@ def config_for(quick: bool) -> DonationConfig:
 #
 
 
-def make_model(config: DonationConfig, seed: int):
-    import equinox as eqx
-    import jax
-
+def make_model(config: DonationConfig, seed: int) -> eqx.nn.MLP:
     # "rbg" keys draw bits with XLA's RngBitGenerator. The default threefry
     # keys need temporaries of about three times each weight matrix, and that
     # initialisation peak would hide the training peak this demo measures.
@@ -112,10 +122,6 @@ def make_batches(config: DonationConfig, seed: int) -> list:
     The batches are NumPy arrays, as a data loader would yield them: each step
     transfers its batch, so donating it never invalidates the pool.
     """
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-
     teacher_key, inputs_key = jax.random.split(jax.random.key(seed))
     teacher = jax.random.normal(teacher_key, (config.in_size, config.out_size))
     teacher = teacher / math.sqrt(config.in_size)
@@ -127,18 +133,11 @@ def make_batches(config: DonationConfig, seed: int) -> list:
 
 
 def mean_squared_error(model, inputs, targets):
-    import jax
-
     predictions = jax.vmap(model)(inputs)
     return ((predictions - targets) ** 2).mean()
 
 
 def make_train_step(config: DonationConfig, donate: str):
-    import equinox as eqx
-    import jax
-
-    import filtx
-
     @filtx.filter_jit(donate=donate)
     def train_step(model, batch):
         inputs, targets = batch
@@ -171,8 +170,6 @@ def peak_device_mb(device) -> float | None:
 
 
 def train(config: DonationConfig, donate: str) -> dict:
-    import jax
-
     model = make_model(config, seed=0)
     batches = make_batches(config, seed=1)
     train_step = make_train_step(config, donate)
@@ -308,8 +305,6 @@ def interpret(rows: list[dict], parameter_mb: float) -> str:
 
 
 def donation_section(quick: bool, timeout: float) -> None:
-    if importlib.util.find_spec("equinox") is None:
-        sys.exit("the donation demo needs equinox: pip install 'filtx[demo]'")
     config = config_for(quick)
     print(
         f"== donation: an MLP with {config.parameter_mb():.0f} MB of float32 parameters, "

@@ -330,3 +330,12 @@ def test_tracers_from_an_outer_transform_are_traced_not_static():
     assert float(out[0]) == 3.0
     jax.vmap(lambda x: inner(x))(jnp.ones((3, 2)))
     assert all(issubclass(t, jax.core.Tracer) for t in inner_traces)
+
+
+def test_numpy_then_jax_array_of_the_same_signature_traces_once():
+    traces = []
+    g = filtx.filter_jit(lambda x: (traces.append(1), x + 1)[1])
+    y = g(np.ones(3, np.float32))
+    g(y)
+    g(np.ones(3, np.float32))
+    assert len(traces) == 1
