@@ -4,6 +4,7 @@ Every leaf that crosses `filter_jit`, `filter_vmap` or `filter_pmap` is
 **static**, **traced** or **donated**; see `DESIGN.md` and the docs.
 """
 
+from ._boundary import clear_caches
 from ._jit import filter_jit
 from ._share import SharingPattern, reshare, unshare
 from ._spec import donate, if_array, is_array, static, traced
@@ -24,4 +25,5 @@ __all__ = [
     "unshare",
     "reshare",
     "SharingPattern",
+    "clear_caches",
 ]

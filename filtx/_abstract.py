@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import jax
 
+from ._boundary import register_cache
 from ._errors import SpecError
 from ._spec import Role, broadcast_prefix, check_callable_result, is_array, static, type_only
 
@@ -96,6 +97,7 @@ class SignatureCache:
     def __init__(self):
         self.items: dict = {}
         self.lock = threading.Lock()
+        register_cache(self)
 
     def get_or_build(self, key, build: Callable[[], Any]) -> Any:
         found = self.items.get(key)

@@ -9,16 +9,58 @@ asked for (or when a donated buffer might be aliased).
 from __future__ import annotations
 
 import threading
+import weakref
 from itertools import compress
 from typing import Any, Callable
 
 import jax
 
 from . import _share
-from ._errors import call_leaf_paths, unhashable_static_error
+from ._errors import (
+    CallSignature,
+    call_leaf_paths,
+    explain_new_avals,
+    explain_new_entry,
+    explaining,
+    unhashable_static_error,
+)
 from ._spec import Deferred, LeafResolver, Role, donate, is_array, static
 
 __all__ = ["Plan", "Boundary", "OutputPack", "pack_outputs", "split_outputs", "join_outputs"]
+
+
+_CACHES: "weakref.WeakSet" = weakref.WeakSet()
+
+
+def register_cache(cache: Any) -> None:
+    """Track an object with a `.clear()` method for `filtx.clear_caches()`."""
+    _CACHES.add(cache)
+
+
+def clear_caches() -> None:
+    """Empty every cache filtx owns: plans, compiled entries, resolved out_axes.
+
+    Wrapped functions keep working; their next call traces and compiles again.
+    JAX's own caches are untouched (see `jax.clear_caches()`).
+
+    **Arguments:** none.
+
+    **Returns:** `None`.
+
+    !!! example
+
+        ```python
+        import jax.numpy as jnp
+        import filtx
+
+        f = filtx.filter_jit(lambda x: x + 1)
+        f(jnp.ones(2))
+        filtx.clear_caches()
+        assert float(f(jnp.ones(2))[0]) == 2.0
+        ```
+    """
+    for cache in list(_CACHES):
+        cache.clear()
 
 
 class Plan:
@@ -140,14 +182,17 @@ class Boundary:
     - `share`: whether the shared-leaf pass runs on every call.
     """
 
-    def __init__(self, fun: Any, resolver: LeafResolver, share: bool):
+    def __init__(self, fun: Any, resolver: LeafResolver, share: bool, name: str = "fun"):
         self.fun = fun
+        self.name = name
+        self.last_signature: CallSignature | None = None
         self.resolver = resolver
         self.share = share
         self.with_axes = resolver.in_axes is not None
         self.plans: dict = {}
         self.canonical: dict = {}
         self.lock = threading.Lock()
+        register_cache(self)
 
     def split(self, args: tuple, kwargs: dict):
         """`(plan, statics, dynamic, pattern)` for one call. The hot path."""
@@ -183,6 +228,8 @@ class Boundary:
         try:
             entry = plan.entries[statics, pattern]
         except KeyError:
+            if explaining():
+                self._explain(args, kwargs, plan, pattern)
             built = build(plan, statics, pattern)
             with self.lock:
                 entry = plan.entries.setdefault((statics, pattern), built)
@@ -192,6 +239,12 @@ class Boundary:
         if pattern is not None:
             dynamic = entry.take(dynamic)
         return entry, dynamic
+
+    def _explain(self, args, kwargs, plan, pattern) -> None:
+        root = (self.fun, args, kwargs)
+        signature = CallSignature(root, jax.tree_util.tree_leaves(root), plan.static_mask, plan.roles, pattern)
+        explain_new_entry(self.name, self.last_signature, signature)
+        self.last_signature = signature
 
     def clear(self) -> None:
         with self.lock:
@@ -212,14 +265,20 @@ class Entry:
         self.take = None if pattern is None else _share.getter(_share.first_positions(pattern))
 
 
-def flat_function(plan: Plan, statics: tuple, pattern, body: Callable) -> Callable:
+def flat_function(plan: Plan, statics: tuple, pattern, body: Callable, name: str = "fun") -> Callable:
     """`flat(*unique_dynamic) -> body(fun, args, kwargs)`, rebuilding the call inside."""
     expand = None if pattern is None else _share.getter(pattern)
+    last_avals: list = []
 
     def flat(*dynamic):
         if expand is not None:
             dynamic = expand(dynamic)
         fun, args, kwargs = plan.rebuild(statics, dynamic)
+        if explaining():
+            avals = [jax.typeof(x) for x in dynamic]
+            paths = list(compress(call_leaf_paths((fun, args, kwargs)), plan.dynamic_mask))
+            explain_new_avals(name, paths, last_avals[-1] if last_avals else None, avals)
+            last_avals[:] = [avals]
         return body(fun, args, kwargs)
 
     return flat

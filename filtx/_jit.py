@@ -37,6 +37,10 @@ def as_pytree(fun: Callable) -> Any:
     return fun
 
 
+def function_name(fun: Any) -> str:
+    return getattr(fun, "__qualname__", None) or type(fun).__qualname__
+
+
 def check_transform_kwargs(kwargs: dict, owned: tuple[str, ...], transform: str) -> None:
     taken = [k for k in owned if k in kwargs]
     if taken:
@@ -112,7 +116,9 @@ class _JitWrapper:
         self._mode = mode
         self._share = share
         self._jitkwargs = jitkwargs
-        self._boundary = Boundary(as_pytree(fun), LeafResolver(fun, mode=mode, specs=specs), share)
+        self._boundary = Boundary(
+            as_pytree(fun), LeafResolver(fun, mode=mode, specs=specs), share, name=function_name(fun)
+        )
         self._quiet = mode.donates and not mode.show_warnings
 
     def __call__(self, /, *args, **kwargs):
@@ -129,7 +135,7 @@ class _JitWrapper:
         def body(fun, args, kwargs):
             return pack_outputs(fun(*args, **kwargs), share)
 
-        flat = flat_function(plan, statics, pattern, body)
+        flat = flat_function(plan, statics, pattern, body, self._boundary.name)
         flat.__name__ = getattr(self, "__name__", "fun")
         flat.__qualname__ = getattr(self, "__qualname__", flat.__name__)
         donate_argnums = tuple(i for i, d in enumerate(donated) if d)

@@ -18,7 +18,7 @@ from jax.extend.core import jaxpr_as_fun
 from ._abstract import OutAxes, SignatureCache, varying_outputs
 from ._boundary import Boundary, Entry, flat_function, join_outputs, split_outputs, unique_roles
 from ._errors import call_leaf_paths, describe
-from ._jit import as_pytree, call_entry, check_transform_kwargs
+from ._jit import as_pytree, function_name, call_entry, check_transform_kwargs
 from ._spec import LeafResolver, if_array, parse_mode
 from ._vmap import in_axes_error
 
@@ -38,7 +38,7 @@ class _PmapWrapper:
         check_transform_kwargs(pmapkwargs, _OWNED_PMAP_KWARGS, "filter_pmap")
         functools.update_wrapper(self, fun)
         resolver = LeafResolver(fun, mode=mode, specs=specs, in_axes=in_axes, arrays_may_be_static=False)
-        self._boundary = Boundary(as_pytree(fun), resolver, share)
+        self._boundary = Boundary(as_pytree(fun), resolver, share, name=function_name(fun))
         self._out_axes = OutAxes(out_axes)
         self._axis_name = _DEFAULT_AXIS_NAME if axis_name is None else axis_name
         self._axis_size = axis_size
@@ -63,7 +63,7 @@ class _PmapWrapper:
 
     def _build(self, plan, statics, pattern) -> Entry:
         donated, axes = unique_roles(plan, pattern)
-        flat = flat_function(plan, statics, pattern, self._body)
+        flat = flat_function(plan, statics, pattern, self._body, self._boundary.name)
         jaxprs = SignatureCache()
 
         def trace_once(per_device_avals: list):

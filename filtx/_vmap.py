@@ -13,7 +13,7 @@ import jax
 from ._abstract import OutAxes, SignatureCache, out_axes_tree_by_evaluation, signature_of
 from ._boundary import Boundary, flat_function, join_outputs, split_outputs
 from ._errors import call_leaf_paths, describe
-from ._jit import as_pytree
+from ._jit import as_pytree, function_name
 from ._share import unique_values
 from ._spec import MODES, LeafResolver, if_array
 
@@ -86,7 +86,7 @@ class _VmapWrapper:
         resolver = LeafResolver(
             fun, mode=MODES["none"], specs=specs, in_axes=in_axes, arrays_may_be_static=True
         )
-        self._boundary = Boundary(as_pytree(fun), resolver, share)
+        self._boundary = Boundary(as_pytree(fun), resolver, share, name=function_name(fun))
         self._out_axes = OutAxes(out_axes)
         self._axis_name = axis_name
         self._axis_size = axis_size
@@ -105,7 +105,7 @@ class _VmapWrapper:
                 "there are no arrays) and axis_size is not given. Map at least one "
                 "array, or pass axis_size=."
             )
-        flat = flat_function(plan, statics, pattern, self._body)
+        flat = flat_function(plan, statics, pattern, self._body, self._boundary.name)
 
         def vmapped(out_axes_tree):
             return jax.vmap(

@@ -1,0 +1,83 @@
+"""Caches: clearing, not keeping user objects alive, explained retraces."""
+
+import gc
+import logging
+import weakref
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import filtx
+
+
+def test_clear_caches_empties_plans_and_entries_and_calls_still_work():
+    traces = []
+    f = filtx.filter_jit(lambda x: (traces.append(1), x + 1)[1])
+    f(jnp.ones(2))
+    assert f._boundary.plans
+    filtx.clear_caches()
+    assert not f._boundary.plans and not f._boundary.canonical
+    assert float(f(jnp.ones(2))[0]) == 2.0
+    assert len(traces) == 2
+
+
+def test_caches_do_not_keep_a_passed_model_alive():
+    class Model:
+        def __init__(self):
+            self.w = jnp.ones(3)
+
+    jax.tree_util.register_pytree_node(Model, lambda m: ((m.w,), None), lambda _, c: _rebuild(c))
+
+    def _rebuild(children):
+        m = Model.__new__(Model)
+        (m.w,) = children
+        return m
+
+    f = filtx.filter_jit(lambda m: m.w * 2, donate="arrays")
+    model = Model()
+    ref = weakref.ref(model)
+    f(model)
+    del model
+    gc.collect()
+    assert ref() is None
+
+
+@pytest.fixture
+def explain_cache_misses():
+    jax.config.update("jax_explain_cache_misses", True)
+    yield
+    jax.config.update("jax_explain_cache_misses", False)
+
+
+def test_retrace_log_names_a_changed_static_value(caplog, explain_cache_misses):
+    f = filtx.filter_jit(lambda x, n: x * n)
+    with caplog.at_level(logging.WARNING, logger="filtx"):
+        f(jnp.ones(2), n=2)
+        f(jnp.ones(2), n=3)
+    assert any("kwargs['n']: static value 2 -> 3" in r.getMessage() for r in caplog.records)
+
+
+def test_retrace_log_names_a_shape_change(caplog, explain_cache_misses):
+    f = filtx.filter_jit(lambda t: t["w"] + 1)
+    with caplog.at_level(logging.WARNING, logger="filtx"):
+        f({"w": jnp.ones(2)})
+        f({"w": jnp.ones(3)})
+    assert any("args[0]['w']: float32[2] -> float32[3]" in r.getMessage() for r in caplog.records)
+
+
+def test_retrace_log_names_a_sharing_pattern_change(caplog, explain_cache_misses):
+    f = filtx.filter_jit(lambda a, b: a + b, share=True)
+    x = jnp.ones(2)
+    with caplog.at_level(logging.WARNING, logger="filtx"):
+        f(x, jnp.ones(2))
+        f(x, x)
+    assert any("sharing pattern changed" in r.getMessage() for r in caplog.records)
+
+
+def test_no_log_when_the_flag_is_off(caplog):
+    f = filtx.filter_jit(lambda x, n: x * n)
+    with caplog.at_level(logging.WARNING, logger="filtx"):
+        f(jnp.ones(2), 2)
+        f(jnp.ones(2), 3)
+    assert not [r for r in caplog.records if r.name == "filtx"]
