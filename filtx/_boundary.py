@@ -8,6 +8,7 @@ asked for (or when a donated buffer might be aliased).
 
 from __future__ import annotations
 
+import collections
 import threading
 import weakref
 from itertools import compress
@@ -176,14 +177,11 @@ class Boundary:
 
     **Arguments:**
 
-    - `fun`: the function's own pytree (a callable Module's arrays, a partial's
-        arguments), flattened with the arguments.
     - `resolver`: the `LeafResolver` giving each leaf its role (and axis).
     - `share`: whether the shared-leaf pass runs on every call.
     """
 
-    def __init__(self, fun: Any, resolver: LeafResolver, share: bool, name: str = "fun"):
-        self.fun = fun
+    def __init__(self, resolver: LeafResolver, share: bool, name: str = "fun"):
         self.name = name
         self.last_signature: CallSignature | None = None
         self.resolver = resolver
@@ -194,14 +192,20 @@ class Boundary:
         self.lock = threading.Lock()
         register_cache(self)
 
-    def split(self, args: tuple, kwargs: dict):
-        """`(plan, statics, dynamic, pattern)` for one call. The hot path."""
-        leaves, treedef = jax.tree_util.tree_flatten((self.fun, args, kwargs))
+    def split(self, fun: Any, args: tuple, kwargs: dict):
+        """`(plan, statics, dynamic, pattern)` for one call. The hot path.
+
+        `fun` is the function's own pytree (a callable Module's arrays, a
+        partial's arguments), flattened with the arguments.
+        """
+        if kwargs and not self.resolver.keyword_only_call(kwargs):
+            args, kwargs = self.resolver.bind(args, kwargs)
+        leaves, treedef = jax.tree_util.tree_flatten((fun, args, kwargs))
         plan = self.plans.get((treedef, tuple(map(type, leaves))))
         if plan is None:
-            plan = self._new_plan(args, kwargs, leaves, treedef)
+            plan = self._new_plan(fun, args, kwargs, leaves, treedef)
         if plan.deferred is not None:
-            plan = plan.variant(leaves, (self.fun, args, kwargs))
+            plan = plan.variant(leaves, (fun, args, kwargs))
         statics = tuple(compress(leaves, plan.static_mask))
         dynamic = list(compress(leaves, plan.dynamic_mask))
         if self.share:
@@ -210,38 +214,38 @@ class Boundary:
             pattern = _share.aliased_donation_pattern(dynamic, plan.donate_mask, plan.kept_mask)
         else:
             pattern = None
-        return plan, statics, dynamic, pattern
+        return plan, statics, dynamic, pattern, args, kwargs
 
-    def _new_plan(self, args, kwargs, leaves, treedef) -> Plan:
-        rules = self.resolver.resolve((self.fun, args, kwargs))
+    def _new_plan(self, fun, args, kwargs, leaves, treedef) -> Plan:
+        rules = self.resolver.resolve((fun, args, kwargs))
         with self.lock:
             plan = canonical_plan(self.canonical, treedef, rules, self.with_axes)
             return self.plans.setdefault((treedef, tuple(map(type, leaves))), plan)
 
-    def prepare(self, args: tuple, kwargs: dict, build: Callable):
+    def prepare(self, fun: Any, args: tuple, kwargs: dict, build: Callable):
         """`(entry, dynamic)` for one call of a compiled transform. The hot path.
 
         `build(plan, statics, pattern)` makes an `Entry` on a cache miss;
         `dynamic` is what to pass to `entry.call` (one value per unique buffer).
         """
-        plan, statics, dynamic, pattern = self.split(args, kwargs)
+        plan, statics, dynamic, pattern, args, kwargs = self.split(fun, args, kwargs)
         try:
             entry = plan.entries[statics, pattern]
         except KeyError:
             if explaining():
-                self._explain(args, kwargs, plan, pattern)
+                self._explain(fun, args, kwargs, plan, pattern)
             built = build(plan, statics, pattern)
             with self.lock:
                 entry = plan.entries.setdefault((statics, pattern), built)
         except TypeError:
-            root = (self.fun, args, kwargs)
+            root = (fun, args, kwargs)
             raise unhashable_static_error(root, jax.tree_util.tree_leaves(root), plan.static_mask) from None
         if pattern is not None:
             dynamic = entry.take(dynamic)
         return entry, dynamic
 
-    def _explain(self, args, kwargs, plan, pattern) -> None:
-        root = (self.fun, args, kwargs)
+    def _explain(self, fun, args, kwargs, plan, pattern) -> None:
+        root = (fun, args, kwargs)
         signature = CallSignature(root, jax.tree_util.tree_leaves(root), plan.static_mask, plan.roles, pattern)
         explain_new_entry(self.name, self.last_signature, signature)
         self.last_signature = signature
@@ -282,6 +286,47 @@ def flat_function(plan: Plan, statics: tuple, pattern, body: Callable, name: str
         return body(fun, args, kwargs)
 
     return flat
+
+
+_SHARED_BOUNDARIES: "collections.OrderedDict" = collections.OrderedDict()
+_SHARED_LOCK = threading.Lock()
+MAX_SHARED_BOUNDARIES = 4096
+
+
+def cache_identity(fun: Any) -> Any:
+    """What makes two wrapped functions trace alike, beyond their pytrees:
+    the code that runs. Functions by identity, partials and methods by their
+    function, callable objects (Modules) by class."""
+    import functools
+    import types
+
+    if isinstance(fun, functools.partial):
+        return ("partial", cache_identity(fun.func))
+    if isinstance(fun, types.MethodType):
+        return ("method", fun.__func__)
+    if isinstance(fun, (types.FunctionType, types.BuiltinFunctionType)):
+        return fun
+    return ("instance of", type(fun))
+
+
+def shared_boundary(options: Any, fun: Any, make_resolver: Callable, share: bool) -> "Boundary":
+    """The Boundary for `fun` and these options, shared by every wrapper of the
+    same function, so `filter_jit(f)(x)` in a loop compiles once (as in Equinox)."""
+    name = getattr(fun, "__qualname__", None) or type(fun).__qualname__
+    key = (cache_identity(fun), options)
+    try:
+        with _SHARED_LOCK:
+            found = _SHARED_BOUNDARIES.get(key)
+            if found is None:
+                found = Boundary(make_resolver(), share, name)
+                _SHARED_BOUNDARIES[key] = found
+                while len(_SHARED_BOUNDARIES) > MAX_SHARED_BOUNDARIES:
+                    _SHARED_BOUNDARIES.popitem(last=False)
+            else:
+                _SHARED_BOUNDARIES.move_to_end(key)
+        return found
+    except TypeError:  # an unhashable identity: nothing to share with
+        return Boundary(make_resolver(), share, name)
 
 
 def unique_roles(plan: Plan, pattern) -> tuple[list[bool], tuple | None]:

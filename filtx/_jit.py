@@ -12,7 +12,7 @@ from typing import Any, Literal, TypeVar, overload
 
 import jax
 
-from ._boundary import Boundary, Entry, OutputPack, flat_function, pack_outputs, unique_roles
+from ._boundary import Entry, OutputPack, flat_function, pack_outputs, shared_boundary, unique_roles
 from ._errors import deleted_array_error
 from ._spec import LeafResolver, Mode, parse_mode
 
@@ -35,6 +35,26 @@ def as_pytree(fun: Callable) -> Any:
     if isinstance(fun, types.MethodType):
         return jax.tree_util.Partial(fun.__func__, fun.__self__)
     return fun
+
+
+def fun_donates(fun: Callable) -> bool:
+    """Whether the function's own arrays follow a donating mode. A
+    `functools.partial`'s arguments are fixed when it is wrapped, so donating
+    them would break the second call: they are traced and kept, as Equinox keeps
+    them."""
+    return type(fun) is not functools.partial
+
+
+def freeze(tree: Any) -> Any:
+    """A hashable form of an option pytree (specs, axes, jit kwargs), or a fresh
+    object when it has unhashable leaves (so it is shared with nothing)."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=lambda x: x is None)
+    key = (treedef, tuple(leaves))
+    try:
+        hash(key)
+    except TypeError:
+        return object()
+    return key
 
 
 def function_name(fun: Any) -> str:
@@ -116,14 +136,18 @@ class _JitWrapper:
         self._mode = mode
         self._share = share
         self._jitkwargs = jitkwargs
-        self._boundary = Boundary(
-            as_pytree(fun), LeafResolver(fun, mode=mode, specs=specs), share, name=function_name(fun)
+        self._fun = as_pytree(fun)
+        self._boundary = shared_boundary(
+            ("jit", mode, share, freeze(specs), freeze(jitkwargs)),
+            fun,
+            lambda: LeafResolver(fun, mode=mode, specs=specs, fun_donates=fun_donates(fun)),
+            share,
         )
         self._quiet = mode.donates and not mode.show_warnings
 
     def __call__(self, /, *args, **kwargs):
-        entry, dynamic = self._boundary.prepare(args, kwargs, self._build)
-        out = call_entry(entry, dynamic, self._quiet, self._boundary.fun, args, kwargs)
+        entry, dynamic = self._boundary.prepare(self._fun, args, kwargs, self._build)
+        out = call_entry(entry, dynamic, self._quiet, self._fun, args, kwargs)
         if type(out) is OutputPack:  # jax.disable_jit(): the function ran eagerly
             return out.unpack()
         return out
@@ -150,7 +174,7 @@ class _JitWrapper:
         **Returns:** a `Lowered` with `.as_text()` and `.compile()`; the compiled
         object is called with the same pytrees as the original function.
         """
-        entry, dynamic = self._boundary.prepare(args, kwargs, self._build)
+        entry, dynamic = self._boundary.prepare(self._fun, args, kwargs, self._build)
         return Lowered(entry.call.lower(*dynamic), self, entry)
 
     def __get__(self, instance, owner=None):
@@ -190,7 +214,7 @@ class Compiled:
 
     def __call__(self, /, *args, **kwargs):
         wrapper = self._wrapper
-        entry, dynamic = wrapper._boundary.prepare(args, kwargs, wrapper._build)
+        entry, dynamic = wrapper._boundary.prepare(wrapper._fun, args, kwargs, wrapper._build)
         if entry is not self._entry:
             raise ValueError(
                 "this compiled function was lowered for arguments with another tree "
@@ -199,7 +223,7 @@ class Compiled:
                 "function itself."
             )
         out = call_entry(
-            _CompiledEntry(self._compiled), dynamic, wrapper._quiet, wrapper._boundary.fun, args, kwargs
+            _CompiledEntry(self._compiled), dynamic, wrapper._quiet, wrapper._fun, args, kwargs
         )
         if type(out) is OutputPack:
             return out.unpack()

@@ -16,9 +16,9 @@ import jax
 from jax.extend.core import jaxpr_as_fun
 
 from ._abstract import OutAxes, SignatureCache, varying_outputs
-from ._boundary import Boundary, Entry, flat_function, join_outputs, split_outputs, unique_roles
+from ._boundary import Entry, shared_boundary, flat_function, join_outputs, split_outputs, unique_roles
 from ._errors import call_leaf_paths, describe
-from ._jit import as_pytree, function_name, call_entry, check_transform_kwargs
+from ._jit import as_pytree, call_entry, check_transform_kwargs, freeze, fun_donates
 from ._spec import LeafResolver, if_array, parse_mode
 from ._vmap import in_axes_error
 
@@ -37,8 +37,19 @@ class _PmapWrapper:
     def __init__(self, fun, in_axes, out_axes, axis_name, axis_size, mode, specs, share, devices, backend, pmapkwargs):
         check_transform_kwargs(pmapkwargs, _OWNED_PMAP_KWARGS, "filter_pmap")
         functools.update_wrapper(self, fun)
-        resolver = LeafResolver(fun, mode=mode, specs=specs, in_axes=in_axes, arrays_may_be_static=False)
-        self._boundary = Boundary(as_pytree(fun), resolver, share, name=function_name(fun))
+        self._fun = as_pytree(fun)
+        options = (
+            "pmap", mode, share, freeze(specs), freeze(in_axes), freeze(out_axes), axis_name,
+            axis_size, freeze(devices), backend, freeze(pmapkwargs),
+        )
+        self._boundary = shared_boundary(
+            options,
+            fun,
+            lambda: LeafResolver(
+                fun, mode=mode, specs=specs, in_axes=in_axes, fun_donates=fun_donates(fun)
+            ),
+            share,
+        )
         self._out_axes = OutAxes(out_axes)
         self._axis_name = _DEFAULT_AXIS_NAME if axis_name is None else axis_name
         self._axis_size = axis_size
@@ -49,9 +60,9 @@ class _PmapWrapper:
         self._quiet = mode.donates and not mode.show_warnings
 
     def __call__(self, /, *args, **kwargs):
-        entry, dynamic = self._boundary.prepare(args, kwargs, self._build)
+        entry, dynamic = self._boundary.prepare(self._fun, args, kwargs, self._build)
         try:
-            arrays_tree, info = call_entry(entry, dynamic, self._quiet, self._boundary.fun, args, kwargs)
+            arrays_tree, info = call_entry(entry, dynamic, self._quiet, self._fun, args, kwargs)
         except ValueError as e:
             error = self._size_error(entry, args, kwargs)
             if error is not None:
@@ -144,7 +155,7 @@ class _PmapWrapper:
     # -- errors ----------------------------------------------------------------
 
     def _size_error(self, entry, args, kwargs) -> ValueError | None:
-        root = (self._boundary.fun, args, kwargs)
+        root = (self._fun, args, kwargs)
         plan = entry.plan
         dynamic = list(compress(jax.tree_util.tree_leaves(root), plan.dynamic_mask))
         error = in_axes_error(root, plan, dynamic, self._axis_size, what="filter_pmap")

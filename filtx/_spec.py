@@ -344,6 +344,7 @@ class ArgumentSpecs:
         except (TypeError, ValueError):
             signature = None
         self.has_signature = signature is not None
+        self.signature = signature
         self.positional: list[str] = []
         self.keyword: set[str] = set()
         self.var_positional = None
@@ -427,6 +428,27 @@ class ArgumentSpecs:
             s = s.get(name, default)
         return s, False
 
+    def keyword_only_call(self, kwargs: dict) -> bool:
+        """No positional parameter was passed by keyword: nothing to bind."""
+        return self.movable.isdisjoint(kwargs)
+
+    def bind(self, args: tuple, kwargs: dict):
+        """Move positional parameters passed by keyword to their positions, as
+        Equinox does, so `f(x, n=2)` and `f(x, 2)` are one signature."""
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError:
+            return args, kwargs  # let the call itself raise Python's error
+        return bound.args, bound.kwargs
+
+    @property
+    def movable(self) -> frozenset:
+        names = self.__dict__.get("_movable")
+        if names is None:
+            names = frozenset(self.positional) & frozenset(self.keyword) if self.has_signature else frozenset()
+            self.__dict__["_movable"] = names
+        return names
+
     def _is_first_position(self, i: int) -> bool:
         return i == 0 and (self.first is not None or not self.has_signature)
 
@@ -464,17 +486,24 @@ class LeafResolver:
     - `arrays_may_be_static`: whether `filtx.static` may hold an array (vmap).
     """
 
-    def __init__(self, fun, *, mode: Mode, specs=None, in_axes=_UNSET, arrays_may_be_static=False):
+    def __init__(self, fun, *, mode: Mode, specs=None, in_axes=_UNSET, arrays_may_be_static=False, fun_donates=True):
         self.mode = mode
+        self.fun_donates = fun_donates
         self.specs = ArgumentSpecs(fun, specs, "specs")
         self.in_axes = None if in_axes is _UNSET else ArgumentSpecs(fun, in_axes, "in_axes", none_is_value=True)
         self.arrays_may_be_static = arrays_may_be_static
+
+    def keyword_only_call(self, kwargs: dict) -> bool:
+        return self.specs.keyword_only_call(kwargs)
+
+    def bind(self, args: tuple, kwargs: dict):
+        return self.specs.bind(args, kwargs)
 
     def resolve(self, root) -> list:
         """Per leaf of `root`: `(role, axis)` or a `Deferred`. Raises ValueError with paths."""
         fun, args, kwargs = root
         mode = self.mode
-        pieces = [("fun", fun, True, None, mode.donate_rest)]
+        pieces = [("fun", fun, True, None, mode.donate_rest and self.fun_donates)]
         for i, arg in enumerate(args):
             spec, first = self.specs.for_position(i, True)
             axes = self.in_axes.for_position(i, _DEFAULT_AXIS)[0] if self.in_axes else None

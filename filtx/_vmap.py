@@ -86,7 +86,8 @@ class _VmapWrapper:
         resolver = LeafResolver(
             fun, mode=MODES["none"], specs=specs, in_axes=in_axes, arrays_may_be_static=True
         )
-        self._boundary = Boundary(as_pytree(fun), resolver, share, name=function_name(fun))
+        self._fun = as_pytree(fun)
+        self._boundary = Boundary(resolver, share, name=function_name(fun))
         self._out_axes = OutAxes(out_axes)
         self._axis_name = axis_name
         self._axis_size = axis_size
@@ -95,9 +96,9 @@ class _VmapWrapper:
         self._evaluated = SignatureCache()
 
     def __call__(self, /, *args, **kwargs):
-        plan, statics, dynamic, pattern = self._boundary.split(args, kwargs)
+        plan, statics, dynamic, pattern, args, kwargs = self._boundary.split(self._fun, args, kwargs)
         if plan.any_donated:
-            raise donation_in_vmap_error((self._boundary.fun, args, kwargs), plan)
+            raise donation_in_vmap_error((self._fun, args, kwargs), plan)
         unique, axes = unique_values(pattern, dynamic, plan.axes)
         if self._axis_size is None and all(a is None for a in axes):
             raise ValueError(
@@ -127,7 +128,7 @@ class _VmapWrapper:
         try:
             arrays_tree, info = vmapped(out_axes_tree)(*unique)
         except ValueError as e:
-            root = (self._boundary.fun, args, kwargs)
+            root = (self._fun, args, kwargs)
             error = in_axes_error(root, plan, dynamic, self._axis_size)
             if error is None and "out_axes" in str(e):
                 error = self._unmapped_output_error(vmapped, flat, axes, unique)

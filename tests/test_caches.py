@@ -55,7 +55,7 @@ def test_retrace_log_names_a_changed_static_value(caplog, explain_cache_misses):
     with caplog.at_level(logging.WARNING, logger="filtx"):
         f(jnp.ones(2), n=2)
         f(jnp.ones(2), n=3)
-    assert any("kwargs['n']: static value 2 -> 3" in r.getMessage() for r in caplog.records)
+    assert any("args[1]: static value 2 -> 3" in r.getMessage() for r in caplog.records)
 
 
 def test_retrace_log_names_a_shape_change(caplog, explain_cache_misses):

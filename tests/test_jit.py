@@ -308,7 +308,7 @@ def test_unhashable_static_leaf_names_path_and_type():
         __hash__ = None
 
     g = filtx.filter_jit(lambda x, cfg: x)
-    with pytest.raises(TypeError, match=r"kwargs\['cfg'\]\['opts'\].*Config"):
+    with pytest.raises(TypeError, match=r"args\[1\]\['opts'\].*Config"):
         g(jnp.ones(1), cfg={"opts": Config()})
 
 
