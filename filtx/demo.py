@@ -89,7 +89,7 @@ DEFAULT_CONFIG = DonationConfig(
     batch_size=32,
     num_batches=4,
     warmup_steps=1,
-    timed_steps=10,
+    timed_steps=5,
     learning_rate=1e-3,
 )
 # 98 MB: small enough for a test, large enough for donation's saving to stand
