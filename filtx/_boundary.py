@@ -30,6 +30,21 @@ from ._spec import Deferred, LeafResolver, Role, donate, is_array, static
 __all__ = ["Plan", "Boundary", "OutputPack", "pack_outputs", "split_outputs", "join_outputs"]
 
 
+def merge_getter(first_mask) -> Callable:
+    """A getter that interleaves two lists back into one: applied to `first +
+    second`, it takes `first`'s items where `first_mask` is true, else `second`'s."""
+    n_first = sum(first_mask)
+    order, i, j = [], 0, n_first
+    for in_first in first_mask:
+        if in_first:
+            order.append(i)
+            i += 1
+        else:
+            order.append(j)
+            j += 1
+    return _share.getter(order)
+
+
 _CACHES: "weakref.WeakSet" = weakref.WeakSet()
 
 
@@ -108,16 +123,7 @@ class Plan:
         self.kept_mask = tuple(r is not donate for r in self.roles)
         self.any_donated = any(self.donate_mask)
         self.axes = tuple(a for _, a in dynamic_rules) if with_axes else None
-        n_static = sum(self.static_mask)
-        order, s, d = [], 0, n_static
-        for is_static in self.static_mask:
-            if is_static:
-                order.append(s)
-                s += 1
-            else:
-                order.append(d)
-                d += 1
-        self.merge = _share.getter(order)
+        self.merge = merge_getter(self.static_mask)
 
     def rebuild(self, statics: tuple, dynamic) -> Any:
         """The `(fun, args, kwargs)` root from its static and dynamic leaves."""
@@ -367,8 +373,10 @@ class _StaticOutputs:
 class OutputPack:
     """A function's output as a pytree node whose children are its arrays.
 
-    Its unflatten rebuilds the user's output, so the static part of every trace
-    comes back through JAX's own per-signature output tree, at no cost per call.
+    The static part of every trace rides in the node's aux data, so it comes back
+    through JAX's own per-signature output tree. JAX only ever sees arrays: the
+    user's tree is rebuilt by `unpack()` after the call, which keeps JAX's C++
+    fast path (it refuses outputs with non-array leaves).
     """
 
     __slots__ = ("arrays", "info")
@@ -385,8 +393,8 @@ def _pack_flatten(pack: OutputPack):
     return pack.arrays, pack.info
 
 
-def _pack_unflatten(info: _StaticOutputs, arrays) -> Any:
-    return info.build(list(arrays))
+def _pack_unflatten(info: _StaticOutputs, arrays) -> OutputPack:
+    return OutputPack(list(arrays), info)
 
 
 jax.tree_util.register_pytree_node(OutputPack, _pack_flatten, _pack_unflatten)
@@ -409,20 +417,12 @@ def _describe_outputs(out: Any, share: bool, axes_of: Callable | None = None):
 def pack_outputs(out: Any, share: bool) -> OutputPack:
     """Pack a traced function's output for `jax.jit`: arrays out, the rest in aux."""
     leaves, treedef, mask, arrays, statics, pattern = _describe_outputs(out, share)
-    order, s, a = [], 0, len(statics)
-    for m in mask:
-        if m:
-            order.append(a)
-            a += 1
-        else:
-            order.append(s)
-            s += 1
     expand = None
     if pattern is not None:
         expand = _share.getter(pattern)
         arrays = list(_share.getter(_share.first_positions(pattern))(arrays))
     direct = not statics and pattern is None
-    info = _StaticOutputs(treedef, _share.getter(order), statics, expand, direct)
+    info = _StaticOutputs(treedef, merge_getter([not m for m in mask]), statics, expand, direct)
     return OutputPack(arrays, info)
 
 
@@ -466,6 +466,20 @@ def split_outputs(out: Any, share: bool, axes_of: Callable | None = None):
     kept = [None if (i in statics or i in sources) else x for i, x in enumerate(leaves)]
     needed = bool(statics or sources)
     return treedef.unflatten(kept), StaticOutputs(treedef, statics, sources, needed)
+
+
+def mapped_body(out_axes, share: bool) -> Callable:
+    """The body of a mapped transform: call, then split the output for `out_axes`
+    (merging shared outputs only where their axes agree)."""
+
+    def axes_of(treedef, leaves, positions):
+        axes = out_axes.per_leaf(treedef.unflatten(leaves))
+        return [axes[i] for i in positions]
+
+    def body(fun, args, kwargs):
+        return split_outputs(fun(*args, **kwargs), share, axes_of if share else None)
+
+    return body
 
 
 def join_outputs(arrays_tree: Any, info: StaticOutputs) -> Any:

@@ -12,7 +12,7 @@ from typing import Any, Literal, TypeVar, overload
 
 import jax
 
-from ._boundary import Entry, OutputPack, flat_function, pack_outputs, shared_boundary, unique_roles
+from ._boundary import Entry, flat_function, pack_outputs, shared_boundary, unique_roles
 from ._errors import deleted_array_error
 from ._spec import LeafResolver, Mode, parse_mode
 
@@ -147,10 +147,7 @@ class _JitWrapper:
 
     def __call__(self, /, *args, **kwargs):
         entry, dynamic = self._boundary.prepare(self._fun, args, kwargs, self._build)
-        out = call_entry(entry, dynamic, self._quiet, self._fun, args, kwargs)
-        if type(out) is OutputPack:  # jax.disable_jit(): the function ran eagerly
-            return out.unpack()
-        return out
+        return call_entry(entry, dynamic, self._quiet, self._fun, args, kwargs).unpack()
 
     def _build(self, plan, statics, pattern) -> Entry:
         donated, _ = unique_roles(plan, pattern)
@@ -222,12 +219,9 @@ class Compiled:
                 "`.lower(...)` again for these arguments, or call the filter_jit "
                 "function itself."
             )
-        out = call_entry(
+        return call_entry(
             _CompiledEntry(self._compiled), dynamic, wrapper._quiet, wrapper._fun, args, kwargs
-        )
-        if type(out) is OutputPack:
-            return out.unpack()
-        return out
+        ).unpack()
 
 
 class _CompiledEntry:

@@ -16,7 +16,7 @@ import jax
 from jax.extend.core import jaxpr_as_fun
 
 from ._abstract import OutAxes, SignatureCache, varying_outputs
-from ._boundary import Entry, shared_boundary, flat_function, join_outputs, split_outputs, unique_roles
+from ._boundary import Entry, shared_boundary, flat_function, join_outputs, mapped_body, unique_roles
 from ._errors import call_leaf_paths, describe
 from ._jit import as_pytree, call_entry, check_transform_kwargs, freeze, fun_donates
 from ._spec import LeafResolver, if_array, parse_mode
@@ -74,7 +74,7 @@ class _PmapWrapper:
 
     def _build(self, plan, statics, pattern) -> Entry:
         donated, axes = unique_roles(plan, pattern)
-        flat = flat_function(plan, statics, pattern, self._body, self._boundary.name)
+        flat = flat_function(plan, statics, pattern, mapped_body(self._out_axes, self._share), self._boundary.name)
         jaxprs = SignatureCache()
 
         def trace_once(per_device_avals: list):
@@ -132,14 +132,6 @@ class _PmapWrapper:
             return by_signature.get_or_build(key, lambda: pmapped(trace_once(per_device)[2]))(*unique)
 
         return Entry(dispatch, plan, statics, pattern)
-
-    def _body(self, fun, args, kwargs):
-        out = fun(*args, **kwargs)
-        return split_outputs(out, self._share, self._axes_of if self._share else None)
-
-    def _axes_of(self, treedef, leaves, positions):
-        axes = self._out_axes.per_leaf(treedef.unflatten(leaves))
-        return [axes[i] for i in positions]
 
     def _global_axis_size(self, per_device_avals) -> int:
         try:

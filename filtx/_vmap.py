@@ -11,7 +11,7 @@ from typing import Any, TypeVar, overload
 import jax
 
 from ._abstract import OutAxes, SignatureCache, out_axes_tree_by_evaluation, signature_of
-from ._boundary import Boundary, flat_function, join_outputs, split_outputs
+from ._boundary import Boundary, flat_function, join_outputs, mapped_body
 from ._errors import call_leaf_paths, describe
 from ._jit import as_pytree, function_name
 from ._share import unique_values
@@ -106,7 +106,7 @@ class _VmapWrapper:
                 "there are no arrays) and axis_size is not given. Map at least one "
                 "array, or pass axis_size=."
             )
-        flat = flat_function(plan, statics, pattern, self._body, self._boundary.name)
+        flat = flat_function(plan, statics, pattern, mapped_body(self._out_axes, self._share), self._boundary.name)
 
         def vmapped(out_axes_tree):
             return jax.vmap(
@@ -136,14 +136,6 @@ class _VmapWrapper:
                 raise error from e
             raise
         return join_outputs(arrays_tree, info)
-
-    def _body(self, fun, args, kwargs):
-        out = fun(*args, **kwargs)
-        return split_outputs(out, self._share, self._axes_of if self._share else None)
-
-    def _axes_of(self, treedef, leaves, positions):
-        axes = self._out_axes.per_leaf(treedef.unflatten(leaves))
-        return [axes[i] for i in positions]
 
     def _evaluate_out_axes(self, flat, axes, unique):
         def evaluate(record):

@@ -339,3 +339,31 @@ def test_numpy_then_jax_array_of_the_same_signature_traces_once():
     g(y)
     g(np.ones(3, np.float32))
     assert len(traces) == 1
+
+
+def test_steps_returning_non_array_leaves_keep_jax_fast_dispatch():
+    """JAX's C++ fast path refuses outputs with non-array leaves: filtx must hand it
+    arrays only and rebuild the model itself, or every call goes through Python."""
+    from jax._src import pjit
+
+    model = {"w": jnp.ones(3), "activation": jax.nn.relu}
+    step = filtx.filter_jit(lambda m: {**m, "w": m["w"] + 1})
+    for _ in range(3):
+        model = step(model)
+    slow_calls = []
+    python_dispatch = pjit._run_python_pjit if hasattr(pjit, "_run_python_pjit") else None
+    if python_dispatch is None:
+        pytest.fail("jax internals moved: update this test to the new slow-path function")
+
+    def spy(*args, **kwargs):
+        slow_calls.append(1)
+        return python_dispatch(*args, **kwargs)
+
+    pjit._run_python_pjit = spy
+    try:
+        for _ in range(5):
+            model = step(model)
+    finally:
+        pjit._run_python_pjit = python_dispatch
+    assert model["activation"] is jax.nn.relu and float(model["w"][0]) == 9.0
+    assert slow_calls == []
