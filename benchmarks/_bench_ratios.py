@@ -1,0 +1,327 @@
+"""Ratio collection shared by the benchmark suites.
+
+A suite times each *variant* of a computation (filtx, eqx, plain jax.jit, ...) in
+its own pytest-benchmark test, through `measure`. Variants that share a `group`
+are compared with the group's `baseline` variant: every figure this module reports
+is `median(variant) / median(baseline)` (or the same with the minimum), both taken
+in the same pytest run.
+
+The session's results live in `RESULTS`; `benchmarks/conftest.py` prints them as
+ratio tables at the end of a run and writes them as JSON (format in
+`benchmarks/README.md`). Under `--benchmark-disable` nothing is timed, so nothing
+is recorded, printed or written.
+"""
+
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import sys
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import pytest
+
+FORMAT = "filtx-bench-ratios"
+VERSION = 1
+ENV_PATH = "FILTX_BENCH_RATIOS"
+ENV_ASSERT = "FILTX_BENCH_ASSERT"
+DEFAULT_PATH = os.path.join(".benchmarks", "filtx-ratios.json")
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+    """One variant's timing, in seconds per `unit` (the timed call divided by
+    `per`, e.g. 100 training steps timed together give seconds per step)."""
+
+    suite: str
+    group: str
+    variant: str
+    baseline: str
+    unit: str
+    per: int
+    median: float
+    mean: float
+    stddev: float
+    min: float
+    rounds: int
+    iterations: int
+    params: dict
+
+
+# (group, variant) -> Result, in the order they were measured.
+RESULTS: dict[tuple[str, str], Result] = {}
+
+
+def measure(
+    benchmark,
+    fn: Callable,
+    *,
+    suite: str,
+    group: str,
+    variant: str,
+    baseline: str,
+    params: dict | None = None,
+    unit: str = "call",
+    per: int = 1,
+    pedantic: dict | None = None,
+):
+    """Times `fn()` with the pytest-benchmark fixture and records the result.
+
+    **Arguments:**
+
+    - `benchmark`: the `benchmark` fixture of the calling test.
+    - `fn`: the zero-argument callable to time (when `pedantic` has a `setup`, it
+        receives the arguments `setup` returns instead).
+    - `suite`: the suite's short name, e.g. `"dispatch"`.
+    - `group`: the comparison group, unique across suites, e.g.
+        `"dispatch/warm-call/blocking/100"`; every variant of one group must time
+        the same work.
+    - `variant`: this test's variant, e.g. `"filtx"`.
+    - `baseline`: the variant of `group` that ratios divide by.
+    - `params`: JSON-serialisable facts about the group (model size, ...).
+    - `unit`, `per`: the recorded times are per `unit`, i.e. the timed duration
+        divided by `per`.
+    - `pedantic`: if given, keyword arguments of `benchmark.pedantic` (rounds,
+        setup, ...); otherwise pytest-benchmark calibrates rounds itself.
+
+    **Returns:** what `fn` returned (on its last call).
+    """
+    params = dict(params or {})
+    benchmark.group = group
+    benchmark.extra_info.update(
+        suite=suite, variant=variant, baseline=baseline, unit=unit, per=per, **params
+    )
+    if pedantic is None:
+        out = benchmark(fn)
+    else:
+        out = benchmark.pedantic(fn, **pedantic)
+    if benchmark.enabled and benchmark.stats:
+        stats = benchmark.stats.stats
+        RESULTS[group, variant] = Result(
+            suite=suite,
+            group=group,
+            variant=variant,
+            baseline=baseline,
+            unit=unit,
+            per=per,
+            median=stats.median / per,
+            mean=stats.mean / per,
+            stddev=stats.stddev / per,
+            min=stats.min / per,
+            rounds=stats.rounds,
+            iterations=benchmark.stats.iterations,
+            params=params,
+        )
+    return out
+
+
+def ratio(
+    group: str, variant: str, over: str | None = None, stat: str = "median"
+) -> float | None:
+    """`stat(variant) / stat(over)` within `group`, where `stat` is a field of
+    `Result` (`"median"`, `"min"`, `"mean"`) and `over` defaults to the group's
+    baseline; `None` if either was not measured in this run."""
+    result = RESULTS.get((group, variant))
+    if result is None:
+        return None
+    other = RESULTS.get((group, result.baseline if over is None else over))
+    if other is None or not getattr(other, stat):
+        return None
+    return getattr(result, stat) / getattr(other, stat)
+
+
+def groups() -> dict[str, list[Result]]:
+    """The session's results by group, in measurement order."""
+    out: dict[str, list[Result]] = {}
+    for result in RESULTS.values():
+        out.setdefault(result.group, []).append(result)
+    return out
+
+
+#
+# Targets
+#
+
+
+def targets_skip_reason(config) -> str | None:
+    """Why ratio targets must not be asserted now, or `None` if they must.
+
+    Targets are asserted only when timing is on and `FILTX_BENCH_ASSERT=1`: shared
+    CI machines are too noisy for them."""
+    disabled = config.getoption("benchmark_disable", False) and not config.getoption(
+        "benchmark_enable", False
+    )
+    if disabled or config.getoption("benchmark_skip", False):
+        return "benchmarks are disabled or skipped: nothing was timed"
+    if os.environ.get(ENV_ASSERT, "") not in ("1", "true", "yes"):
+        return f"ratio targets are asserted only with {ENV_ASSERT}=1"
+    return None
+
+
+def check_targets(config, targets: Iterable[tuple]) -> None:
+    """Asserts every `(group, variant, over, at_most[, stat])` of `targets` (see
+    `check_target`) when `targets_skip_reason` allows, else skips the calling
+    test. Call it from a suite's last test."""
+    reason = targets_skip_reason(config)
+    targets = list(targets)
+    if reason is None and not any((t[0], t[1]) in RESULTS for t in targets):
+        reason = "none of the groups with targets was measured in this run"
+    if reason is not None:
+        pytest.skip(reason)
+    failures = [check_target(*target) for target in targets]
+    failures = [f for f in failures if f is not None]
+    assert not failures, "ratio targets missed:\n" + "\n".join(failures)
+
+
+def check_target(
+    group: str, variant: str, over: str, at_most: float, stat: str = "median"
+) -> str | None:
+    """A failure message if `ratio(group, variant, over, stat) > at_most`, else
+    `None`. Groups that were not measured in this run (deselected tests) pass."""
+    value = ratio(group, variant, over, stat)
+    if value is None or value <= at_most:
+        return None
+    mine, theirs = RESULTS[group, variant], RESULTS[group, over]
+    return (
+        f"{group}: {stat} {variant} / {over} = {value:.3f} > {at_most} "
+        f"({variant} {_format_time(getattr(mine, stat))}, "
+        f"{over} {_format_time(getattr(theirs, stat))})"
+    )
+
+
+#
+# Output
+#
+
+
+def _format_time(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    for scale, suffix in ((1.0, "s"), (1e-3, "ms"), (1e-6, "us")):
+        if seconds >= scale:
+            return f"{seconds / scale:.3g} {suffix}"
+    return f"{seconds / 1e-9:.3g} ns"
+
+
+def format_tables(extra_ratios: Iterable[tuple[str, str]] = (("filtx", "eqx"),)) -> str:
+    """Plain-text ratio tables, one per group: each variant's median and min, and
+    their ratios to the group's baseline. A line is added for each `(variant,
+    over)` pair of `extra_ratios` that the group has both of."""
+    lines = [
+        "ratio = stat(variant) / stat(baseline), both measured in this run;",
+        "the median is the headline figure, the min the least noisy one.",
+    ]
+    for group, results in groups().items():
+        first = results[0]
+        params = ", ".join(f"{k}={v}" for k, v in first.params.items())
+        lines.append("")
+        lines.append(f"{group}  [per {first.unit}" + (f"; {params}]" if params else "]"))
+        width = max(len(r.variant) for r in results)
+        lines.append(
+            f"  {'variant':<{width}}  {'median':>9}  {'ratio':>6}  {'min':>9}  {'ratio':>6}"
+        )
+        for r in results:
+            lines.append(
+                f"  {r.variant:<{width}}  {_format_time(r.median):>9}  "
+                f"{_format_ratio(ratio(group, r.variant)):>6}  "
+                f"{_format_time(r.min):>9}  "
+                f"{_format_ratio(ratio(group, r.variant, stat='min')):>6}"
+            )
+        lines.append(f"  (baseline: {first.baseline})")
+        variants = {r.variant for r in results}
+        for variant, over in extra_ratios:
+            if variant in variants and over in variants and over != first.baseline:
+                lines.append(
+                    f"  {variant} / {over}: median {_format_ratio(ratio(group, variant, over))}, "
+                    f"min {_format_ratio(ratio(group, variant, over, 'min'))}"
+                )
+    return "\n".join(lines)
+
+
+def _format_ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def run_info() -> dict[str, Any]:
+    """What a reader needs to compare runs: when, where, and which versions."""
+    import jax  # imported late: the conftest must set XLA_FLAGS first
+
+    info: dict[str, Any] = {
+        "time": datetime.datetime.now(datetime.timezone.utc).isoformat(
+            timespec="seconds"
+        ),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "jax": jax.__version__,
+        "backend": jax.default_backend(),
+        "device_count": jax.device_count(),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+    }
+    for name in ("jaxlib", "equinox", "filtx"):
+        module = sys.modules.get(name)
+        info[name] = getattr(module, "__version__", None) if module else None
+    try:
+        from pytest_benchmark.utils import get_commit_info
+
+        commit = get_commit_info()
+        info["commit"] = commit.get("id")
+        info["dirty"] = commit.get("dirty")
+    except Exception:  # not a git checkout, git missing, ...
+        info["commit"] = None
+    return info
+
+
+def to_json(info: dict[str, Any]) -> dict[str, Any]:
+    """This session's groups in the JSON format of `benchmarks/README.md`."""
+    out = {}
+    for group, results in groups().items():
+        first = results[0]
+        out[group] = {
+            "suite": first.suite,
+            "baseline": first.baseline,
+            "unit": first.unit,
+            "params": first.params,
+            "run": info,
+            "variants": {
+                r.variant: {
+                    "median_s": r.median,
+                    "mean_s": r.mean,
+                    "stddev_s": r.stddev,
+                    "min_s": r.min,
+                    "rounds": r.rounds,
+                    "iterations": r.iterations,
+                    "per": r.per,
+                    "ratio": ratio(group, r.variant),
+                    "ratio_min": ratio(group, r.variant, stat="min"),
+                }
+                for r in results
+            },
+        }
+    return out
+
+
+def write_json(path: str | os.PathLike) -> str:
+    """Merges this session's groups into the JSON file at `path` (created if
+    missing): groups measured now replace those of the same name, other groups are
+    kept. Returns the path written."""
+    path = os.fspath(path)
+    document: dict[str, Any] = {"format": FORMAT, "version": VERSION, "groups": {}}
+    try:
+        with open(path) as f:
+            old = json.load(f)
+        if old.get("format") == FORMAT and old.get("version") == VERSION:
+            document["groups"].update(old.get("groups", {}))
+    except (OSError, ValueError):
+        pass
+    document["groups"].update(to_json(run_info()))
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(document, f, indent=2, sort_keys=False)
+        f.write("\n")
+    os.replace(tmp, path)
+    return path
