@@ -51,3 +51,14 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     else:
         terminalreporter.write_line("")
         terminalreporter.write_line(f"ratios written to {path}")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Ratio targets are checked only in timed runs with FILTX_BENCH_ASSERT=1;
+    otherwise their tests are deselected (not collected as skips)."""
+    if _bench_ratios.targets_skip_reason(config) is None:
+        return
+    kept = [item for item in items if not item.name.startswith("test_targets")]
+    if len(kept) != len(items):
+        config.hook.pytest_deselected(items=[i for i in items if i not in kept])
+        items[:] = kept
