@@ -198,7 +198,7 @@ class Boundary:
         self.lock = threading.Lock()
         register_cache(self)
 
-    def split(self, fun: Any, args: tuple, kwargs: dict):
+    def split(self, fun: Any, args: tuple, kwargs: dict, key: Callable = id):
         """`(plan, statics, dynamic, pattern)` for one call. The hot path.
 
         `fun` is the function's own pytree (a callable Module's arrays, a
@@ -215,9 +215,9 @@ class Boundary:
         statics = tuple(compress(leaves, plan.static_mask))
         dynamic = list(compress(leaves, plan.dynamic_mask))
         if self.share:
-            pattern = _share.shared_pattern(dynamic, plan.axes)
+            pattern = _share.shared_pattern(dynamic, plan.axes, key)
         elif plan.any_donated:
-            pattern = _share.aliased_donation_pattern(dynamic, plan.donate_mask, plan.kept_mask)
+            pattern = _share.aliased_donation_pattern(dynamic, plan.donate_mask, plan.kept_mask, key)
         else:
             pattern = None
         return plan, statics, dynamic, pattern, args, kwargs
@@ -228,13 +228,13 @@ class Boundary:
             plan = canonical_plan(self.canonical, treedef, rules, self.with_axes)
             return self.plans.setdefault((treedef, tuple(map(type, leaves))), plan)
 
-    def prepare(self, fun: Any, args: tuple, kwargs: dict, build: Callable):
+    def prepare(self, fun: Any, args: tuple, kwargs: dict, build: Callable, key: Callable = id):
         """`(entry, dynamic)` for one call of a compiled transform. The hot path.
 
         `build(plan, statics, pattern)` makes an `Entry` on a cache miss;
         `dynamic` is what to pass to `entry.call` (one value per unique buffer).
         """
-        plan, statics, dynamic, pattern, args, kwargs = self.split(fun, args, kwargs)
+        plan, statics, dynamic, pattern, args, kwargs = self.split(fun, args, kwargs, key)
         try:
             entry = plan.entries[statics, pattern]
         except KeyError:

@@ -14,6 +14,7 @@ import jax
 
 from ._boundary import Entry, flat_function, pack_outputs, shared_boundary, unique_roles
 from ._errors import deleted_array_error
+from ._share import buffer_key
 from ._spec import LeafResolver, Mode, parse_mode
 
 __all__ = ["filter_jit"]
@@ -121,12 +122,19 @@ def call_entry(entry: Entry, dynamic: list, quiet: bool, fun: Any, args: tuple, 
         else:
             out = entry.call(*dynamic)
     except Exception as e:
-        root = (fun, args, kwargs)
-        error = deleted_array_error(root, jax.tree_util.tree_leaves(root))
-        if error is not None:
-            raise error from e
+        if "deleted" in str(e):
+            root = (fun, args, kwargs)
+            error = deleted_array_error(root, jax.tree_util.tree_leaves(root))
+            if error is not None:
+                raise error from e
         raise
     return out
+
+
+def is_double_donation(error: Exception) -> bool:
+    """JAX refused a buffer donated twice: distinct array objects over one buffer."""
+    text = str(error)
+    return "donate the same buffer twice" in text or "previously donated in the same call" in text
 
 
 class _JitWrapper:
@@ -147,6 +155,13 @@ class _JitWrapper:
 
     def __call__(self, /, *args, **kwargs):
         entry, dynamic = self._boundary.prepare(self._fun, args, kwargs, self._build)
+        try:
+            return call_entry(entry, dynamic, self._quiet, self._fun, args, kwargs).unpack()
+        except Exception as e:
+            if not is_double_donation(e):
+                raise
+        # Refused before running, so nothing was donated: merge by buffer instead.
+        entry, dynamic = self._boundary.prepare(self._fun, args, kwargs, self._build, buffer_key)
         return call_entry(entry, dynamic, self._quiet, self._fun, args, kwargs).unpack()
 
     def _build(self, plan, statics, pattern) -> Entry:

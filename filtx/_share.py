@@ -27,21 +27,29 @@ def pattern_of(keys: list) -> tuple | None:
     return tuple([first.setdefault(k, len(first)) for k in keys])
 
 
-def shared_pattern(dynamic: list, axes: tuple | None) -> tuple | None:
+def buffer_key(x) -> int:
+    """Identity of an array's buffer: distinct jax.Array objects may share one."""
+    try:
+        return x.unsafe_buffer_pointer()
+    except Exception:
+        return id(x)
+
+
+def shared_pattern(dynamic: list, axes: tuple | None, key=id) -> tuple | None:
     """The pattern merging positions that hold the same object (with the same axis)."""
-    ids = list(map(id, dynamic))
+    ids = list(map(key, dynamic))
     if axes is None:
         return pattern_of(ids)
     return pattern_of(list(zip(ids, axes)))
 
 
-def aliased_donation_pattern(dynamic: list, donate_mask: tuple, kept_mask: tuple) -> tuple | None:
+def aliased_donation_pattern(dynamic: list, donate_mask: tuple, kept_mask: tuple, key=id) -> tuple | None:
     """With share=False: a pattern only when a donated buffer also stands elsewhere."""
     donated = list(compress(dynamic, donate_mask))
-    ids = set(map(id, donated))
-    if len(ids) == len(donated) and ids.isdisjoint(map(id, compress(dynamic, kept_mask))):
+    ids = set(map(key, donated))
+    if len(ids) == len(donated) and ids.isdisjoint(map(key, compress(dynamic, kept_mask))):
         return None
-    return pattern_of(list(map(id, dynamic)))
+    return pattern_of(list(map(key, dynamic)))
 
 
 def getter(indices) -> Any:

@@ -239,7 +239,10 @@ def worker_environment() -> dict:
     return env
 
 
-def run_worker(section: str, mode: str, quick: bool, timeout: float) -> dict:
+def run_worker(
+    section: str, mode: str, quick: bool, timeout: float, env: dict | None = None
+) -> dict:
+    """Run one worker subprocess; `env` adds to (or overrides) its environment."""
     command = [sys.executable, "-m", "filtx.demo", "--worker", section, mode]
     if quick:
         command.append("--quick")
@@ -249,7 +252,7 @@ def run_worker(section: str, mode: str, quick: bool, timeout: float) -> dict:
             capture_output=True,
             text=True,
             timeout=timeout,
-            env=worker_environment(),
+            env={**worker_environment(), **(env or {})},
         )
     except subprocess.TimeoutExpired as error:
         # The output caught before the kill comes back as bytes, `text=` or not.
@@ -336,8 +339,200 @@ def donation_section(quick: bool, timeout: float) -> None:
     print(interpret(rows, config.parameter_mb()), flush=True)
 
 
-SECTIONS = {"donation": donation_section}
-WORKERS = {"donation": donation_worker}
+#
+# Section `data_parallel`: filter_pmap trains a whole equinox model with optax.
+#
+
+
+@dataclasses.dataclass(frozen=True)
+class DataParallelConfig:
+    in_size: int
+    out_size: int
+    width: int
+    depth: int
+    per_device_batch: int
+    warmup_steps: int
+    timed_steps: int
+    learning_rate: float
+
+
+DATA_PARALLEL_CONFIG = DataParallelConfig(
+    in_size=16,
+    out_size=4,
+    width=64,
+    depth=2,
+    per_device_batch=32,
+    # Two: the first step takes host (NumPy) arrays, later ones the sharded
+    # arrays it returned, and jax.pmap compiles once for each placement.
+    warmup_steps=2,
+    timed_steps=200,
+    learning_rate=1e-2,
+)
+DATA_PARALLEL_QUICK_CONFIG = dataclasses.replace(DATA_PARALLEL_CONFIG, timed_steps=50)
+# Eight virtual CPU devices, set in the worker's environment before JAX starts.
+VIRTUAL_DEVICE_FLAGS = "--xla_force_host_platform_device_count=8"
+
+
+def data_parallel_config_for(quick: bool) -> DataParallelConfig:
+    return DATA_PARALLEL_QUICK_CONFIG if quick else DATA_PARALLEL_CONFIG
+
+
+def replicate(tree, n_devices: int):
+    """Every array becomes a NumPy array with a leading device axis of size
+    `n_devices`; the rest stays. filter_pmap shards NumPy arrays on the host
+    (device-resident ones would cost a small compilation per shape)."""
+    return jax.tree_util.tree_map(
+        lambda x: (
+            np.broadcast_to(np.asarray(x), (n_devices, *x.shape))
+            if eqx.is_array(x)
+            else x
+        ),
+        tree,
+    )
+
+
+def data_parallel_worker(mode: str, quick: bool) -> dict:
+    if mode != "adam":
+        raise ValueError(f"unknown data_parallel mode {mode!r}; expected 'adam'")
+    try:
+        import optax
+    except ModuleNotFoundError as error:
+        raise ModuleNotFoundError(
+            "the data_parallel section needs optax: pip install optax"
+        ) from error
+
+    config = data_parallel_config_for(quick)
+    n_devices = jax.local_device_count()
+    activation = jax.nn.tanh
+    optimiser = optax.adam(config.learning_rate)
+    num_batches = 4
+
+    # The set-up is NumPy: on a busy 2-core machine XLA takes seconds to
+    # compile even small initialisers, and this section should be quick.
+    rng = np.random.default_rng(0)
+    shapes = eqx.filter_eval_shape(
+        eqx.nn.MLP,
+        config.in_size,
+        config.out_size,
+        config.width,
+        config.depth,
+        activation=activation,
+        key=jax.random.key(0),
+    )
+
+    def initialise(layer):  # equinox's default: uniform in +-1/sqrt(fan in)
+        bound = 1 / math.sqrt(layer.in_features)
+        return eqx.tree_at(
+            lambda layer: (layer.weight, layer.bias),
+            layer,
+            tuple(
+                rng.uniform(-bound, bound, leaf.shape).astype(leaf.dtype)
+                for leaf in (layer.weight, layer.bias)
+            ),
+        )
+
+    model = eqx.tree_at(
+        lambda model: model.layers, shapes, tuple(map(initialise, shapes.layers))
+    )
+    # Adam's state starts at zeros (moments and step count).
+    opt_state = jax.tree_util.tree_map(
+        lambda leaf: np.zeros(leaf.shape, leaf.dtype),
+        jax.eval_shape(optimiser.init, eqx.filter(model, eqx.is_array)),
+    )
+    model, opt_state = replicate((model, opt_state), n_devices)
+
+    teacher = rng.standard_normal((config.in_size, config.out_size), np.float32)
+    teacher /= math.sqrt(config.in_size)
+    inputs = rng.standard_normal(
+        (num_batches, n_devices, config.per_device_batch, config.in_size), np.float32
+    )
+    # NumPy batches, as a loader yields them: donating one never invalidates the pool.
+    batches = [(batch, np.tanh(batch @ teacher)) for batch in inputs]
+
+    traces = 0
+
+    @filtx.filter_pmap(
+        axis_name="devices",
+        donate="arrays",
+        out_axes=(filtx.if_array(0), filtx.if_array(0), None),
+    )
+    def step(model, opt_state, batch):
+        nonlocal traces
+        traces += 1  # Python side effect: runs only while tracing
+        loss, grads = eqx.filter_value_and_grad(mean_squared_error)(model, *batch)
+        grads = jax.lax.pmean(grads, axis_name="devices")
+        loss = jax.lax.pmean(loss, axis_name="devices")
+        updates, opt_state = optimiser.update(
+            grads, opt_state, eqx.filter(model, eqx.is_array)
+        )
+        return eqx.apply_updates(model, updates), opt_state, loss
+
+    steps_taken = 0
+    losses = []
+    for _ in range(config.warmup_steps):  # compiles
+        model, opt_state, loss = step(model, opt_state, batches[steps_taken % num_batches])
+        losses.append(loss)
+        steps_taken += 1
+    jax.block_until_ready((model, opt_state, loss))
+    losses = [float(value) for value in losses]
+
+    start = time.perf_counter()
+    for _ in range(config.timed_steps):
+        model, opt_state, loss = step(model, opt_state, batches[steps_taken % num_batches])
+        # One step in flight at a time: with more virtual CPU devices than
+        # cores, queued steps can starve a collective's rendezvous of threads.
+        losses.append(float(loss))
+        steps_taken += 1
+    jax.block_until_ready((model, opt_state, loss))
+    seconds = time.perf_counter() - start
+
+    return {
+        "mode": mode,
+        "backend": jax.default_backend(),
+        "devices": n_devices,
+        "global_batch": n_devices * config.per_device_batch,
+        "steps": steps_taken,
+        "ms_per_step": 1e3 * seconds / config.timed_steps,
+        "first_loss": float(losses[0]),
+        "final_loss": float(losses[-1]),
+        "loss_shape": list(np.shape(loss)),
+        "traces": traces,
+        "leading_axis": int(model.layers[0].weight.shape[0]),
+        "keeps_activation": model.activation is activation,
+        "activation": getattr(activation, "__name__", repr(activation)),
+    }
+
+
+def data_parallel_section(quick: bool, timeout: float) -> None:
+    config = data_parallel_config_for(quick)
+    # A CPU machine has one device; ask XLA for eight virtual ones unless the
+    # caller set XLA_FLAGS already. Accelerators ignore this flag.
+    env = {} if "XLA_FLAGS" in os.environ else {"XLA_FLAGS": VIRTUAL_DEVICE_FLAGS}
+    print(
+        f"== data_parallel: filter_pmap trains an eqx.nn.MLP (width {config.width}, "
+        f"depth {config.depth}) with optax.adam, {config.timed_steps} timed steps, "
+        "model and optimiser state replicated on every local device ==",
+        flush=True,
+    )
+    result = run_worker("data_parallel", "adam", quick, timeout, env=env)
+    print(
+        f"devices: {result['devices']} ({result['backend']}), global batch "
+        f"{result['global_batch']} = {result['devices']} x {config.per_device_batch}"
+    )
+    print(f"loss: {result['first_loss']:.6g} at step 1 -> {result['final_loss']:.6g} "
+          f"at step {result['steps']}")
+    print(f"time/step: {result['ms_per_step']:.2f} ms")
+    print(f"traced: {result['traces']} (the step function ran in Python this many times)")
+    keeps = "yes" if result["keeps_activation"] else "NO"
+    print(
+        f"returned model keeps its activation ({result['activation']}): {keeps}; "
+        f"its arrays have a leading device axis of {result['leading_axis']}",
+        flush=True,
+    )
+
+
+SECTIONS = {"donation": donation_section, "data_parallel": data_parallel_section}
+WORKERS = {"donation": donation_worker, "data_parallel": data_parallel_worker}
 
 
 def parse_arguments(argv):

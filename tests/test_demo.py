@@ -111,3 +111,20 @@ def test_unknown_section_is_refused(capsys):
         demo.main(["--section", "nonexistent"])
     assert exit.value.code == 2
     assert "invalid choice: 'nonexistent'" in capsys.readouterr().err
+
+
+def test_data_parallel_section_trains_across_devices_traced_once():
+    run = run_demo("--section", "data_parallel", "--quick")
+    assert run.returncode == 0, run.stderr
+    out = run.stdout
+    first, final = map(
+        float, re.search(r"loss: (\S+) at step 1 -> (\S+) at step", out).groups()
+    )
+    assert math.isfinite(final) and final < first / 2, out
+    assert re.search(r"^traced: 1 ", out, re.MULTILINE), out
+    devices = int(re.search(r"^devices: (\d+)", out, re.MULTILINE).group(1))
+    # Eight virtual CPU devices unless the caller set XLA_FLAGS itself.
+    assert devices == (8 if "XLA_FLAGS" not in os.environ else devices), out
+    assert float(re.search(r"time/step: (\S+) ms", out).group(1)) > 0
+    assert "keeps its activation (tanh): yes" in out, out
+    assert "donation" not in out  # only the section asked for

@@ -1,0 +1,270 @@
+"""The shared-leaf pass (`share=True`): what sharing saves, and what it costs
+when nothing is shared.
+
+Every figure is a ratio of two measurements taken in the same run (see
+`_bench_ratios.py` and README.md):
+
+- **Tied, 64 MB x 16** (`share/tied-64MB-x16`): one 64 MB float32 array is
+  referenced 16 times in the arguments; the function updates each distinct
+  array once (`filtx.unshare`, a multiply-add, `filtx.reshare`) and so returns
+  it at all 16 positions. Variants: `once` (**the baseline**: the array passed
+  once, returned once), `share=True` (16 references, passed and returned once)
+  and `share=False` (16 references, 16 inputs, 16 updates, 16 output buffers).
+  Timed per blocking call.
+- **Peak memory** of the same three variants, each in its own subprocess:
+  `ru_maxrss` after the call minus `ru_maxrss` before it (the input array, the
+  compiled program and JAX itself are already resident then), and the total
+  peak. Printed as a table and written next to the ratio file
+  (`filtx-share-memory.json`).
+- **No sharing** (`share/no-sharing/{100,1000}`): warm blocking calls of
+  `model.layers[0].weight + 1` on Equinox MLPs with 100 and 1000 array leaves
+  (`_bench_models.leafy_mlp`), none shared: `share=True` against `share=False`
+  (**the baseline**): the price of looking for sharing.
+
+Targets (asserted with `FILTX_BENCH_ASSERT=1` and timing on), on medians:
+`share=True / once <= 1.3` in time and in peak-memory increase;
+`share=True / share=False <= 1.1` with no sharing, at 100 and 1000 leaves.
+The `share=False` variant of the tied case pays for 16 (about 16x) and has no
+target: it is the comparison.
+
+Under `--benchmark-disable` every body runs once on a 4 MB array and the memory
+probe runs in one subprocess on a small array, as a smoke test (a few seconds
+in all).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+
+if __name__ == "__main__":  # a memory probe: `python bench_share.py --probe ...`
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _bench_* helpers
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import _bench_models as models
+import _bench_ratios as ratios
+import filtx
+
+
+SUITE = "share"
+REFS = 16
+TIED_MB = 64
+SMOKE_MB = 4
+TIED_GROUP = f"{SUITE}/tied-{TIED_MB}MB-x{REFS}"
+TIED_BASELINE = "once"
+TIED_VARIANTS = ("once", "share=True", "share=False")
+TIED_ROUNDS = {"once": 30, "share=True": 30, "share=False": 5}
+NO_SHARING_SIZES = (100, 1000)
+NO_SHARING_BASELINE = "share=False"
+NO_SHARING_VARIANTS = ("share=False", "share=True")
+MEMORY_FILE = "filtx-share-memory.json"
+PROBE_TIMEOUT_S = 300
+
+
+def update_tied(ws):
+    """Update every distinct array of `ws` once; return it at every position."""
+    unique, pattern = filtx.unshare(ws)
+    unique = jax.tree.map(lambda w: w * 0.5 + 1.0, unique)
+    return filtx.reshare(unique, pattern)
+
+
+def tied_call(variant: str, x: jax.Array):
+    """`(fn, args)`: `fn(*args)` is one call of this variant on the array `x`."""
+    if variant == "once":
+        return filtx.filter_jit(update_tied), ([x],)
+    if variant == "share=True":
+        return filtx.filter_jit(update_tied, share=True), ([x] * REFS,)
+    if variant == "share=False":
+        return filtx.filter_jit(update_tied), ([x] * REFS,)
+    raise ValueError(variant)
+
+
+def check_tied_output(variant: str, out, x) -> None:
+    expected_len = 1 if variant == "once" else REFS
+    assert len(out) == expected_len
+    distinct = {id(o) for o in out}
+    assert len(distinct) == (REFS if variant == "share=False" else 1), variant
+    first = np.asarray(out[0]).ravel()[:4]
+    np.testing.assert_allclose(first, np.asarray(x).ravel()[:4] * 0.5 + 1.0)
+
+
+def tied_array(mb: int) -> jax.Array:
+    """A float32 array of `mb` MiB, made in one fused computation (no temporary
+    of its size is left in the allocator for a call to reuse)."""
+    n = mb * 2**20 // 4
+    side = 1 << (n.bit_length() // 2)
+    make = jax.jit(lambda: jnp.arange(n, dtype=jnp.float32).reshape(side, n // side) / n)
+    return jax.block_until_ready(make())
+
+
+# ---------------------------------------------------------------------------
+# Memory probes (subprocesses)
+
+
+def _maxrss_kib() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+
+
+def probe(variant: str, mb: int) -> dict:
+    """In a fresh process: the peak resident memory one call of `variant` adds."""
+    small = tied_array(1)
+    fn, args = tied_call(variant, small)
+    jax.block_until_ready(fn(*args))  # import and warm filtx/JAX on a small array
+    del small, args
+    x = tied_array(mb)
+    fn, args = tied_call(variant, x)
+    fn.lower(*args).compile()  # compile before measuring: the call only executes
+    before = _maxrss_kib()
+    out = jax.block_until_ready(fn(*args))
+    after = _maxrss_kib()
+    check_tied_output(variant, out, x)
+    return {
+        "variant": variant,
+        "mb": mb,
+        "before_kib": before,
+        "after_kib": after,
+        "increase_kib": after - before,
+    }
+
+
+# Linux carries a process's resident size at fork into its child's ru_maxrss
+# (through exec too), so a probe started straight from this (large) pytest
+# process would start from this process's size. A small launcher process in
+# between gives each probe an ru_maxrss of its own.
+_LAUNCHER = "import subprocess, sys; sys.exit(subprocess.run(sys.argv[1:]).returncode)"
+
+
+def run_probes(variants, mb: int) -> list[dict]:
+    """Each element of `variants` (a tuple of variant names) in one subprocess."""
+    results = []
+    for group in variants:
+        probe_command = [sys.executable, os.path.abspath(__file__), "--probe", str(mb), *group]
+        command = [sys.executable, "-c", _LAUNCHER, *probe_command]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
+        assert done.returncode == 0, f"memory probe {group} failed:\n{done.stderr[-4000:]}"
+        lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+        results.extend(json.loads(line) for line in lines)
+    return results
+
+
+# ---------------------------------------------------------------------------
+# The benchmarks
+
+
+def timing_on(config) -> bool:
+    option = lambda name: config.getoption(name, False)  # noqa: E731
+    return not ((option("benchmark_disable") and not option("benchmark_enable")) or option("benchmark_skip"))
+
+
+@pytest.mark.parametrize("variant", TIED_VARIANTS)
+def test_tied(benchmark, variant):
+    mb = SMOKE_MB if benchmark.disabled else TIED_MB
+    x = tied_array(mb)
+    fn, args = tied_call(variant, x)
+    for _ in range(2 if benchmark.disabled else 3):  # compile, then take JAX's fast path
+        out = jax.block_until_ready(fn(*args))
+    check_tied_output(variant, out, x)
+    del out
+    out = ratios.measure(
+        benchmark,
+        lambda: jax.block_until_ready(fn(*args)),
+        suite=SUITE,
+        group=TIED_GROUP,
+        variant=variant,
+        baseline=TIED_BASELINE,
+        params={"mb": mb, "references": REFS},
+        pedantic=dict(rounds=TIED_ROUNDS[variant], iterations=1, warmup_rounds=1),
+    )
+    check_tied_output(variant, out, x)
+
+
+@pytest.mark.parametrize("size", NO_SHARING_SIZES)
+@pytest.mark.parametrize("variant", NO_SHARING_VARIANTS)
+def test_no_sharing(benchmark, variant, size):
+    model = models.leafy_mlp(size)
+    fn = filtx.filter_jit(lambda m: m.layers[0].weight + 1, share=(variant == "share=True"))
+    for _ in range(3):
+        out = jax.block_until_ready(fn(model))
+    np.testing.assert_allclose(np.asarray(out), np.asarray(model.layers[0].weight) + 1)
+    arrays, leaves = models.count_leaves(model)
+    ratios.measure(
+        benchmark,
+        lambda: jax.block_until_ready(fn(model)),
+        suite=SUITE,
+        group=f"{SUITE}/no-sharing/{size}",
+        variant=variant,
+        baseline=NO_SHARING_BASELINE,
+        params={"arrays": arrays, "leaves": leaves, "sync": "blocking"},
+    )
+
+
+def test_tied_memory(request, capsys):
+    """Peak memory of the tied variants, each in its own process."""
+    config = request.config
+    if not timing_on(config):
+        # Smoke test: the probe protocol, every variant in one small process.
+        results = run_probes([TIED_VARIANTS], SMOKE_MB)
+        assert [r["variant"] for r in results] == list(TIED_VARIANTS)
+        return
+    results = {r["variant"]: r for r in run_probes([(v,) for v in TIED_VARIANTS], TIED_MB)}
+    base = results[TIED_BASELINE]
+    lines = [
+        f"{SUITE}/tied-{TIED_MB}MB-x{REFS} peak memory (each variant in its own process)",
+        f"  {'variant':<12} {'increase':>10} {'ratio':>7} {'peak':>10} {'ratio':>7}",
+    ]
+    table = {}
+    for variant in TIED_VARIANTS:
+        r = results[variant]
+        increase = r["increase_kib"] / max(base["increase_kib"], 1)
+        peak = r["after_kib"] / base["after_kib"]
+        table[variant] = {**r, "increase_ratio": increase, "peak_ratio": peak}
+        lines.append(
+            f"  {variant:<12} {r['increase_kib'] / 1024:>7.0f} MiB {increase:>7.3f} "
+            f"{r['after_kib'] / 1024:>7.0f} MiB {peak:>7.3f}"
+        )
+    lines.append(f"  (baseline: {TIED_BASELINE}; increase = ru_maxrss after the call - before it)")
+    with capsys.disabled():
+        print("\n" + "\n".join(lines))
+    path = os.path.join(os.path.dirname(os.path.abspath(_ratios_path(config))), MEMORY_FILE)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump({"group": f"{SUITE}/tied-{TIED_MB}MB-x{REFS}/peak-memory", "variants": table}, f, indent=2)
+        f.write("\n")
+    if ratios.targets_skip_reason(config) is None:
+        assert table["share=True"]["increase_ratio"] <= 1.3, table
+        assert table["share=True"]["peak_ratio"] <= 1.3, table
+
+
+def _ratios_path(config) -> str:
+    path = os.environ.get(ratios.ENV_PATH)
+    if path:
+        return path
+    return os.path.join(str(config.rootpath), ratios.DEFAULT_PATH)
+
+
+TARGETS = [
+    (TIED_GROUP, "share=True", TIED_BASELINE, 1.3),
+    *[(f"{SUITE}/no-sharing/{n}", "share=True", NO_SHARING_BASELINE, 1.1) for n in NO_SHARING_SIZES],
+]
+
+
+def test_targets(request):
+    """Runs last in this file: checks the timing ratios above, when timing is on
+    and FILTX_BENCH_ASSERT=1."""
+    ratios.check_targets(request.config, TARGETS)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 3 and sys.argv[1] == "--probe":
+        mb = int(sys.argv[2])
+        for name in sys.argv[3:]:
+            print(json.dumps(probe(name, mb)), flush=True)
+    else:
+        sys.exit("usage: bench_share.py --probe MB VARIANT [VARIANT ...]")

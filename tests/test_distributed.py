@@ -1,0 +1,127 @@
+"""filter_pmap under `jax.distributed`: 2 processes on loopback, 2 CPU devices each.
+
+Each process (`_distributed_worker.py`) passes only its local shards; the
+data-parallel step averages gradients over all 4 devices with `pmean` (CPU
+collectives over gloo). Both processes must end with the same parameters, and
+those of the same step run on 4 devices of this one process.
+"""
+
+import importlib.util
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+import time
+
+import equinox as eqx
+import jax
+import numpy as np
+import pytest
+
+WORKER = pathlib.Path(__file__).resolve().parent / "_distributed_worker.py"
+_spec = importlib.util.spec_from_file_location("filtx_tests_distributed_worker", WORKER)
+worker = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(worker)
+TIMEOUT_S = 120
+NUM_PROCESSES = 2
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def worker_env() -> dict:
+    env = dict(os.environ)
+    # Two local devices per process, whatever this process was given (conftest sets 8).
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+    env["JAX_PLATFORMS"] = "cpu"
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def logs(processes, log_paths) -> str:
+    parts = []
+    for i, (process, path) in enumerate(zip(processes, log_paths)):
+        text = path.read_text(errors="replace") if path.exists() else "<no output>"
+        parts.append(f"--- worker {i} (returncode {process.returncode}) ---\n{text[-6000:]}")
+    return "\n".join(parts)
+
+
+def wait_all(processes, deadline) -> None:
+    """Wait for every process to exit, until `deadline`; stop early when one fails
+    (the others would wait for it until their own timeouts)."""
+    while time.monotonic() < deadline:
+        codes = [p.poll() for p in processes]
+        if all(code is not None for code in codes) or any(code not in (None, 0) for code in codes):
+            return
+        time.sleep(0.05)
+
+
+def single_process_reference():
+    """The same training on 4 of this process's devices, every shard passed at once."""
+    devices = jax.devices()[: worker.NUM_DEVICES]
+    assert len(devices) == worker.NUM_DEVICES
+    del worker.traces[:]
+    model, losses = worker.train(
+        worker.make_model(), worker.make_batches(), num_local_devices=len(devices), devices=devices
+    )
+    assert len(worker.traces) == 1, worker.traces  # traced once, not once a step
+    return worker.local_copies(model), losses
+
+
+def test_two_processes_train_like_one(tmp_path):
+    port = free_port()
+    env = worker_env()
+    log_paths = [tmp_path / f"worker{i}.log" for i in range(NUM_PROCESSES)]
+    out_paths = [tmp_path / f"worker{i}.npz" for i in range(NUM_PROCESSES)]
+    deadline = time.monotonic() + TIMEOUT_S
+    processes = []
+    try:
+        for i in range(NUM_PROCESSES):
+            with open(log_paths[i], "wb") as log:
+                processes.append(
+                    subprocess.Popen(
+                        [sys.executable, str(WORKER), str(i), str(port), str(out_paths[i])],
+                        env=env, stdout=log, stderr=subprocess.STDOUT, cwd=str(WORKER.parent),
+                    )
+                )
+        # While the workers run: the reference, in this process.
+        expected_leaves, expected_losses = single_process_reference()
+        wait_all(processes, deadline)
+        codes = [p.poll() for p in processes]
+        if any(code not in (None, 0) for code in codes):
+            pytest.fail(f"a worker failed:\n{logs(processes, log_paths)}")
+        if any(code is None for code in codes):
+            pytest.fail(f"workers still running after {TIMEOUT_S} s:\n{logs(processes, log_paths)}")
+    finally:
+        for p in processes:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+
+    results = [dict(np.load(path)) for path in out_paths]
+    # Each process held two of the four devices, and passed the shards at their positions.
+    assert sorted(np.concatenate([r["positions"] for r in results]).tolist()) == [0, 1, 2, 3]
+    num_leaves = len(expected_leaves)
+    assert num_leaves == 4  # an MLP of depth 1: two weights, two biases
+    first, second = results
+    for i in range(num_leaves):
+        a, b = first[f"leaf{i}"], second[f"leaf{i}"]
+        assert a.shape[0] == b.shape[0] == 2
+        # Identical across processes, and across the devices of each: the pmean'd gradients
+        # are the same everywhere.
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(a[0], a[1])
+        # Equal to the single-process run on 4 devices (the reduction order may differ).
+        np.testing.assert_allclose(a[0], expected_leaves[i][0], rtol=1e-6, atol=1e-6)
+    # Each process traced the step once for all its steps.
+    assert first["traces"] == second["traces"] == 1
+    np.testing.assert_array_equal(first["losses"], second["losses"])
+    np.testing.assert_allclose(first["losses"], expected_losses, rtol=1e-6)
+
+    # The steps did something: the parameters moved from their initial values.
+    initial = jax.tree.leaves(eqx.filter(worker.make_model(), eqx.is_array))
+    assert max(float(np.max(np.abs(first[f"leaf{i}"][0] - initial[i]))) for i in range(num_leaves)) > 1e-2
