@@ -162,3 +162,11 @@ def test_static_spec_and_static_in_axes():
 
     p = filtx.filter_pmap(f, in_axes=(0, filtx.static, filtx.static))
     assert float(p(jnp.ones((N, 1)), 3, "n")[0, 0]) == 3.0
+
+
+def test_use_after_donation_names_the_path_instead_of_crashing():
+    p = filtx.filter_pmap(lambda m: jax.tree.map(lambda a: a * 2, m), donate="arrays")
+    model = p({"w": jnp.ones((N, 3))})
+    p(model)
+    with pytest.raises(RuntimeError, match=r"args\[0\]\['w'\].*donated"):
+        p(model)
