@@ -16,7 +16,12 @@ import os
 import sys
 import traceback
 
+import equinox as eqx
+import jax
+import jax.numpy as jnp
 import numpy as np
+
+import filtx
 
 AXIS_NAME = "batch"
 NUM_DEVICES = 4  # in all: 2 processes x 2 local devices
@@ -28,9 +33,6 @@ traces = []  # one entry each time the step's Python body runs (that is, is trac
 
 
 def make_model():
-    import equinox as eqx
-    import jax
-
     return eqx.nn.MLP(IN_SIZE, 1, width_size=16, depth=1, activation=jax.nn.tanh, key=jax.random.PRNGKey(0))
 
 
@@ -45,11 +47,6 @@ def make_batches():
 
 def make_step(devices=None):
     """Data-parallel SGD: per-device gradients, averaged over the axis with `pmean`."""
-    import equinox as eqx
-    import jax
-    import jax.numpy as jnp
-
-    import filtx
 
     def loss_fn(model, x, y):
         return jnp.mean((jax.vmap(model)(x) - y) ** 2)
@@ -69,8 +66,6 @@ def make_step(devices=None):
 def train(model, batches, *, num_local_devices, devices=None):
     """Run `NUM_STEPS` steps on this process's shards `batches` (leading axes
     `(NUM_STEPS, num_local_devices)`). Returns the replicated model and the losses."""
-    import equinox as eqx
-    import jax
 
     def replicate(leaf):
         if not eqx.is_array(leaf):
@@ -91,16 +86,11 @@ def train(model, batches, *, num_local_devices, devices=None):
 def local_copies(model):
     """For every array of the replicated model, its copies on this process's devices:
     a list (one per leaf) of arrays with a leading axis of the local devices."""
-    import equinox as eqx
-    import jax
-
     leaves = jax.tree.leaves(eqx.filter(model, eqx.is_array))
     return [np.concatenate([np.asarray(shard.data) for shard in leaf.addressable_shards]) for leaf in leaves]
 
 
 def main(process_id: int, port: int, out_path: str) -> None:
-    import jax
-
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(
         coordinator_address=f"127.0.0.1:{port}",
