@@ -275,6 +275,10 @@ class Entry:
         self.take = None if pattern is None else _share.getter(_share.first_positions(pattern))
 
 
+def is_deleted(x) -> bool:
+    return isinstance(x, jax.Array) and x.is_deleted()
+
+
 def flat_function(plan: Plan, statics: tuple, pattern, body: Callable, name: str = "fun") -> Callable:
     """`flat(*unique_dynamic) -> body(fun, args, kwargs)`, rebuilding the call inside."""
     expand = None if pattern is None else _share.getter(pattern)

@@ -12,7 +12,7 @@ from typing import Any, Literal, TypeVar, overload
 
 import jax
 
-from ._boundary import Entry, flat_function, pack_outputs, shared_boundary, unique_roles
+from ._boundary import Entry, flat_function, is_deleted, pack_outputs, shared_boundary, unique_roles
 from ._errors import deleted_array_error
 from ._share import buffer_key
 from ._spec import LeafResolver, Mode, parse_mode
@@ -155,6 +155,10 @@ class _JitWrapper:
 
     def __call__(self, /, *args, **kwargs):
         entry, dynamic = self._boundary.prepare(self._fun, args, kwargs, self._build)
+        if entry.plan.any_donated and any(map(is_deleted, dynamic)):
+            # A deleted buffer spread over several devices crashes XLA's runtime.
+            root = (self._fun, args, kwargs)
+            raise deleted_array_error(root, jax.tree_util.tree_leaves(root))
         try:
             return call_entry(entry, dynamic, self._quiet, self._fun, args, kwargs).unpack()
         except Exception as e:

@@ -16,7 +16,7 @@ import jax
 from jax.extend.core import jaxpr_as_fun
 
 from ._abstract import OutAxes, SignatureCache, varying_outputs
-from ._boundary import Entry, shared_boundary, flat_function, join_outputs, mapped_body, unique_roles
+from ._boundary import Entry, flat_function, is_deleted, join_outputs, mapped_body, shared_boundary, unique_roles
 from ._errors import call_leaf_paths, deleted_array_error, describe
 from ._jit import as_pytree, call_entry, check_transform_kwargs, freeze, fun_donates
 from ._spec import LeafResolver, if_array, parse_mode
@@ -61,7 +61,7 @@ class _PmapWrapper:
 
     def __call__(self, /, *args, **kwargs):
         entry, dynamic = self._boundary.prepare(self._fun, args, kwargs, self._build)
-        if any(map(_is_deleted, dynamic)):
+        if any(map(is_deleted, dynamic)):
             # JAX's pmap can crash the process on a deleted buffer: refuse first.
             root = (self._fun, args, kwargs)
             raise deleted_array_error(root, jax.tree_util.tree_leaves(root))
@@ -196,10 +196,6 @@ def broadcast_axes(out_axes_tree, arrays_tree) -> list:
     from ._spec import broadcast_prefix
 
     return [a for a, _, _ in broadcast_prefix(out_axes_tree, arrays_tree, lambda x: x is None)]
-
-
-def _is_deleted(x) -> bool:
-    return isinstance(x, jax.Array) and x.is_deleted()
 
 
 def _unmapped_aval(x, axis):

@@ -367,3 +367,17 @@ def test_steps_returning_non_array_leaves_keep_jax_fast_dispatch():
         pjit._run_python_pjit = python_dispatch
     assert model["activation"] is jax.nn.relu and float(model["w"][0]) == 9.0
     assert slow_calls == []
+
+
+def test_donated_sharded_array_used_again_is_refused_by_path():
+    """XLA crashes the process on a deleted buffer spread over several devices:
+    filtx must refuse it first."""
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    mesh = Mesh(np.array(jax.devices()[:2]), ("d",))
+    x = jax.device_put(np.zeros((2, 3), np.float32), NamedSharding(mesh, PartitionSpec("d")))
+    f = filtx.filter_jit(lambda t: {"w": t["w"] + 1}, donate="arrays")
+    f({"w": x})
+    assert x.is_deleted()
+    with pytest.raises(RuntimeError, match=r"args\[0\]\['w'\].*donated"):
+        f({"w": x})
