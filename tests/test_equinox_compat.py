@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import filtx
+from _helpers import counting as counted
 
 LIBS = (eqx, filtx)
 
@@ -56,17 +57,6 @@ def compare(scenario):
     assert got_traces == ref_traces, f"traces: filtx {got_traces}, equinox {ref_traces}"
     return ref_out, ref_traces
 
-
-def counted(fn):
-    """`fn` with a `.traces` counter bumped on every (traced) call."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        wrapper.traces += 1
-        return fn(*args, **kwargs)
-
-    wrapper.traces = 0
-    return wrapper
 
 
 def arange(*shape, start=0.0):

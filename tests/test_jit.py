@@ -10,18 +10,8 @@ import numpy as np
 import pytest
 
 import filtx
+from _helpers import counting
 
-
-def counting(fn):
-    """Wrap `fn` so that `wrapper.traces` counts how often it ran (i.e. was traced)."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        wrapper.traces += 1
-        return fn(*args, **kwargs)
-
-    wrapper.traces = 0
-    return wrapper
 
 
 def test_arrays_are_traced_and_other_leaves_static():

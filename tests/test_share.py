@@ -22,6 +22,7 @@ import optax
 import pytest
 
 import filtx
+from _helpers import counting
 
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -36,17 +37,6 @@ def fresh(k: float = 0.0, n: int = 4) -> jax.Array:
     """A new array, in its own buffer, ready on the device."""
     return jax.block_until_ready(jnp.arange(n, dtype=jnp.float32) + k)
 
-
-def counting(fn):
-    """Wrap `fn` so that `wrapper.traces` counts how often it ran (was traced)."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        wrapper.traces += 1
-        return fn(*args, **kwargs)
-
-    wrapper.traces = 0
-    return wrapper
 
 
 def bounded(fn, *args, **kwargs):
