@@ -27,6 +27,11 @@ from ._errors import (
 )
 from ._spec import Deferred, LeafResolver, Role, donate, is_array, static
 
+# Bounds on what one wrapped function may cache: a static argument that changes on
+# every call would otherwise grow them forever (the oldest entries go first).
+MAX_PLANS = 1024
+MAX_ENTRIES_PER_PLAN = 1024
+
 __all__ = ["Plan", "Boundary", "OutputPack", "pack_outputs", "split_outputs", "join_outputs"]
 
 
@@ -157,6 +162,12 @@ class Plan:
         return plan
 
 
+def evict_oldest(cache: dict, limit: int) -> None:
+    """Make room for one more item in an insertion-ordered dict."""
+    while len(cache) >= limit:
+        del cache[next(iter(cache))]
+
+
 def canonical_plan(canonical: dict, treedef, rules: list, with_axes: bool) -> Plan:
     """One Plan per (structure, resolved roles and axes): calls whose leaf types
     differ (a NumPy array here, a jax.Array there) but resolve alike share its
@@ -226,6 +237,8 @@ class Boundary:
         rules = self.resolver.resolve((fun, args, kwargs))
         with self.lock:
             plan = canonical_plan(self.canonical, treedef, rules, self.with_axes)
+            evict_oldest(self.plans, MAX_PLANS)
+            evict_oldest(self.canonical, MAX_PLANS)
             return self.plans.setdefault((treedef, tuple(map(type, leaves))), plan)
 
     def prepare(self, fun: Any, args: tuple, kwargs: dict, build: Callable, key: Callable = id):
@@ -242,6 +255,7 @@ class Boundary:
                 self._explain(fun, args, kwargs, plan, pattern)
             built = build(plan, statics, pattern)
             with self.lock:
+                evict_oldest(plan.entries, MAX_ENTRIES_PER_PLAN)
                 entry = plan.entries.setdefault((statics, pattern), built)
         except TypeError:
             root = (fun, args, kwargs)
@@ -404,23 +418,13 @@ def _pack_unflatten(info: _StaticOutputs, arrays) -> OutputPack:
 jax.tree_util.register_pytree_node(OutputPack, _pack_flatten, _pack_unflatten)
 
 
-def _describe_outputs(out: Any, share: bool, axes_of: Callable | None = None):
+def pack_outputs(out: Any, share: bool) -> OutputPack:
+    """Pack a traced function's output for `jax.jit`: arrays out, the rest in aux."""
     leaves, treedef = jax.tree_util.tree_flatten(out)
     mask = [is_array(x) for x in leaves]
     arrays = [x for x, m in zip(leaves, mask) if m]
     statics = tuple(x for x, m in zip(leaves, mask) if not m)
-    pattern = None
-    if share and arrays:
-        keys = list(map(id, arrays))
-        if axes_of is not None:
-            keys = list(zip(keys, axes_of(arrays)))
-        pattern = _share.pattern_of(keys)
-    return leaves, treedef, mask, arrays, statics, pattern
-
-
-def pack_outputs(out: Any, share: bool) -> OutputPack:
-    """Pack a traced function's output for `jax.jit`: arrays out, the rest in aux."""
-    leaves, treedef, mask, arrays, statics, pattern = _describe_outputs(out, share)
+    pattern = _share.pattern_of(list(map(id, arrays))) if share and arrays else None
     expand = None
     if pattern is not None:
         expand = _share.getter(pattern)

@@ -81,3 +81,14 @@ def test_no_log_when_the_flag_is_off(caplog):
         f(jnp.ones(2), 2)
         f(jnp.ones(2), 3)
     assert not [r for r in caplog.records if r.name == "filtx"]
+
+
+def test_entry_cache_is_bounded(monkeypatch):
+    import filtx._boundary as boundary
+
+    monkeypatch.setattr(boundary, "MAX_ENTRIES_PER_PLAN", 4)
+    f = filtx.filter_jit(lambda x, k: x * k)
+    for k in range(10):
+        assert float(f(jnp.ones(1), k)[0]) == k
+    (plan,) = set(f._boundary.plans.values())
+    assert len(plan.entries) <= 4
