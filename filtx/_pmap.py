@@ -81,13 +81,13 @@ class _PmapWrapper:
         flat = flat_function(plan, statics, pattern, mapped_body(self._out_axes, self._share), self._boundary.name)
         jaxprs = SignatureCache()
 
-        def trace_once(per_device_avals: list):
+        def trace_once(per_device_avals: list, local_size: int | None = None):
             """`(evaluate, out_treedef, out_axes_tree)` for one per-device signature:
             the user's function traced once, its callable out_axes resolved there."""
             key = tuple(map(_per_device, per_device_avals))
 
             def build():
-                size = self._global_axis_size(per_device_avals)
+                size = self._global_axis_size(local_size)
                 resolved = []
 
                 def traced(*xs):
@@ -132,21 +132,28 @@ class _PmapWrapper:
 
         def dispatch(*unique):
             per_device = [_unmapped_aval(x, a) for x, a in zip(unique, axes)]
+            local_size = next((x.shape[a] for x, a in zip(unique, axes) if a is not None), None)
             key = tuple(map(_per_device, per_device))
-            return by_signature.get_or_build(key, lambda: pmapped(trace_once(per_device)[2]))(*unique)
+            return by_signature.get_or_build(
+                key, lambda: pmapped(trace_once(per_device, local_size)[2])
+            )(*unique)
 
         return Entry(dispatch, plan, statics, pattern)
 
-    def _global_axis_size(self, per_device_avals) -> int:
+    def _global_axis_size(self, local_size: int | None) -> int:
+        """The axis size collectives see: pmap's own inside its trace; otherwise
+        the mapped inputs' size over every process, as `jax.pmap` computes it."""
         try:
-            return jax.lax.axis_size(self._axis_name)  # inside pmap's own trace
-        except (NameError, ValueError, Exception):
+            return jax.lax.axis_size(self._axis_name)
+        except Exception:  # not inside pmap's trace: no such axis bound
             pass
         if self._axis_size is not None:
             return self._axis_size
         if self._devices is not None:
             return len(self._devices)
-        return jax.local_device_count(self._backend) * jax.process_count()
+        if local_size is None:
+            local_size = jax.local_device_count(self._backend)
+        return local_size * jax.process_count()
 
     # -- errors ----------------------------------------------------------------
 

@@ -170,3 +170,16 @@ def test_use_after_donation_names_the_path_instead_of_crashing():
     p(model)
     with pytest.raises(RuntimeError, match=r"args\[0\]\['w'\].*donated"):
         p(model)
+
+
+def test_callable_out_axes_with_fewer_devices_than_available_sees_the_right_axis_size():
+    seen = []
+
+    def f(x):
+        seen.append(jax.lax.psum(1, "d"))
+        return x * jax.lax.psum(1, "d")
+
+    p = filtx.filter_pmap(f, axis_name="d", out_axes=lambda leaf: 0)
+    out = p(jnp.ones((4, 2)))
+    assert out.shape == (4, 2) and float(out[0, 0]) == 4.0
+    assert seen == [4]
