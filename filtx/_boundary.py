@@ -8,7 +8,6 @@ asked for (or when a donated buffer might be aliased).
 
 from __future__ import annotations
 
-import collections
 import threading
 import weakref
 from itertools import compress
@@ -20,6 +19,7 @@ from . import _share
 from ._errors import (
     CallSignature,
     call_leaf_paths,
+    check_static_outputs,
     explain_new_avals,
     explain_new_entry,
     explaining,
@@ -312,44 +312,47 @@ def flat_function(plan: Plan, statics: tuple, pattern, body: Callable, name: str
     return flat
 
 
-_SHARED_BOUNDARIES: "collections.OrderedDict" = collections.OrderedDict()
 _SHARED_LOCK = threading.Lock()
-MAX_SHARED_BOUNDARIES = 4096
+_SHARED_ATTRIBUTE = "_filtx_boundaries"
 
 
-def cache_identity(fun: Any) -> Any:
-    """What makes two wrapped functions trace alike, beyond their pytrees:
-    the code that runs. Functions by identity, partials and methods by their
-    function, callable objects (Modules) by class."""
+def code_owner(fun: Any) -> Any:
+    """The object whose code runs when `fun` is called: the function itself, a
+    partial's or a method's function, or a callable object's class."""
     import functools
     import types
 
     if isinstance(fun, functools.partial):
-        return ("partial", cache_identity(fun.func))
+        return code_owner(fun.func)
     if isinstance(fun, types.MethodType):
-        return ("method", fun.__func__)
-    if isinstance(fun, (types.FunctionType, types.BuiltinFunctionType)):
+        return fun.__func__
+    if isinstance(fun, types.FunctionType):
         return fun
-    return ("instance of", type(fun))
+    return type(fun)
 
 
 def shared_boundary(options: Any, fun: Any, make_resolver: Callable, share: bool) -> "Boundary":
     """The Boundary for `fun` and these options, shared by every wrapper of the
-    same function, so `filter_jit(f)(x)` in a loop compiles once (as in Equinox)."""
+    same code, so `filter_jit(f)(x)` in a loop compiles once (as in Equinox).
+
+    Boundaries are stored on the function (or class) itself, so they live and die
+    with it: a dropped lambda releases its compiled entries and what it closed over.
+    """
     name = getattr(fun, "__qualname__", None) or type(fun).__qualname__
-    key = (cache_identity(fun), options)
+    owner = code_owner(fun)
+    key = (type(fun) if owner is type(fun) else None, options)
     try:
+        hash(key)
         with _SHARED_LOCK:
-            found = _SHARED_BOUNDARIES.get(key)
+            table = vars(owner).get(_SHARED_ATTRIBUTE)
+            if table is None:
+                table = {}
+                setattr(owner, _SHARED_ATTRIBUTE, table)
+            found = table.get(key)
             if found is None:
-                found = Boundary(make_resolver(), share, name)
-                _SHARED_BOUNDARIES[key] = found
-                while len(_SHARED_BOUNDARIES) > MAX_SHARED_BOUNDARIES:
-                    _SHARED_BOUNDARIES.popitem(last=False)
-            else:
-                _SHARED_BOUNDARIES.move_to_end(key)
+                found = table[key] = Boundary(make_resolver(), share, name)
         return found
-    except TypeError:  # an unhashable identity: nothing to share with
+    except (TypeError, AttributeError):  # unhashable options, or no place to store
         return Boundary(make_resolver(), share, name)
 
 
@@ -422,6 +425,7 @@ def pack_outputs(out: Any, share: bool) -> OutputPack:
     """Pack a traced function's output for `jax.jit`: arrays out, the rest in aux."""
     leaves, treedef = jax.tree_util.tree_flatten(out)
     mask = [is_array(x) for x in leaves]
+    check_static_outputs(out, leaves, [not m for m in mask])
     arrays = [x for x, m in zip(leaves, mask) if m]
     statics = tuple(x for x, m in zip(leaves, mask) if not m)
     pattern = _share.pattern_of(list(map(id, arrays))) if share and arrays else None
@@ -460,6 +464,7 @@ def split_outputs(out: Any, share: bool, axes_of: Callable | None = None):
     """`(arrays_tree, StaticOutputs)` for a mapped function's output."""
     leaves, treedef = jax.tree_util.tree_flatten(out)
     statics = {i: x for i, x in enumerate(leaves) if not is_array(x)}
+    check_static_outputs(out, leaves, [i in statics for i in range(len(leaves))])
     sources: dict = {}
     if share:
         positions = [i for i in range(len(leaves)) if i not in statics]

@@ -43,6 +43,49 @@ def piece_leaf_path(base: str, piece: Any, index: int) -> str:
     return base + keystr(flat[index][0])
 
 
+def check_static_outputs(out: Any, leaves: list, is_static: list) -> None:
+    """Refuse non-array outputs that cannot be returned as they are: a generator
+    (it would run after the trace ends) and an object hiding a tracer (it would
+    leak out of the transformation). Runs at trace time only."""
+    import inspect
+
+    for i, (leaf, static) in enumerate(zip(leaves, is_static)):
+        if not static:
+            continue
+        if inspect.isgenerator(leaf) or inspect.isasyncgen(leaf):
+            raise TypeError(
+                f"{_output_path(out, i)}: the function returned a generator, which would "
+                f"run after the transformation has finished tracing. Return a list or "
+                f"tuple instead (e.g. `list(gen)` or `tuple(gen)`)."
+            )
+        hidden = _hidden_tracer(leaf)
+        if hidden is not None:
+            raise TypeError(
+                f"{_output_path(out, i)}{hidden}: a tracer is hidden inside a returned "
+                f"{type(leaf).__name__}, which is not a pytree, so filtx returns it as it is "
+                f"and the tracer would leak out of the transformation. Register "
+                f"{type(leaf).__name__} as a pytree (e.g. an eqx.Module or "
+                f"jax.tree_util.register_dataclass) or return the array directly."
+            )
+
+
+def _hidden_tracer(obj: Any) -> str | None:
+    """The attribute of `obj` holding a tracer (one level deep), or None."""
+    fields = getattr(obj, "__dict__", None)
+    if not isinstance(fields, dict):
+        slots = getattr(type(obj), "__slots__", ())
+        fields = {name: getattr(obj, name, None) for name in ([slots] if isinstance(slots, str) else slots)}
+    for name, value in fields.items():
+        if isinstance(value, jax.core.Tracer):
+            return f".{name}"
+    return None
+
+
+def _output_path(out: Any, index: int) -> str:
+    flat, _ = jax.tree_util.tree_flatten_with_path(out)
+    return "out" + keystr(flat[index][0])
+
+
 def describe(leaf: Any) -> str:
     shape = getattr(leaf, "shape", None)
     dtype = getattr(leaf, "dtype", None)

@@ -9,13 +9,14 @@ from itertools import compress
 from typing import Any, TypeVar, overload
 
 import jax
+import jax.numpy as jnp
 
 from ._abstract import OutAxes, SignatureCache, out_axes_tree_by_evaluation, signature_of
 from ._boundary import Boundary, flat_function, join_outputs, mapped_body
-from ._errors import call_leaf_paths, describe
+from ._errors import call_leaf_paths, deleted_array_error, describe
 from ._jit import as_pytree, function_name
 from ._share import unique_values
-from ._spec import MODES, LeafResolver, if_array
+from ._spec import MODES, LeafResolver, if_array, is_array
 
 __all__ = ["filter_vmap"]
 
@@ -99,6 +100,8 @@ class _VmapWrapper:
         plan, statics, dynamic, pattern, args, kwargs = self._boundary.split(self._fun, args, kwargs)
         if plan.any_donated:
             raise donation_in_vmap_error((self._fun, args, kwargs), plan)
+        if not all(map(is_array, dynamic)):  # traced Python numbers: weakly typed scalars
+            dynamic = [x if is_array(x) else jnp.asarray(x) for x in dynamic]
         unique, axes = unique_values(pattern, dynamic, plan.axes)
         if self._axis_size is None and all(a is None for a in axes):
             raise ValueError(
@@ -127,8 +130,14 @@ class _VmapWrapper:
             out_axes_tree = self._out_axes.translated
         try:
             arrays_tree, info = vmapped(out_axes_tree)(*unique)
-        except ValueError as e:
+        except Exception as e:
             root = (self._fun, args, kwargs)
+            if "deleted" in str(e):
+                error = deleted_array_error(root, jax.tree_util.tree_leaves(root))
+                if error is not None:
+                    raise error from e
+            if not isinstance(e, ValueError):
+                raise
             error = in_axes_error(root, plan, dynamic, self._axis_size)
             if error is None and "out_axes" in str(e):
                 error = self._unmapped_output_error(vmapped, flat, axes, unique)
