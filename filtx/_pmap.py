@@ -61,8 +61,8 @@ class _PmapWrapper:
 
     def __call__(self, /, *args, **kwargs):
         entry, dynamic = self._boundary.prepare(self._fun, args, kwargs, self._build)
-        if any(map(is_deleted, dynamic)):
-            # JAX's pmap can crash the process on a deleted buffer: refuse first.
+        if entry.plan.any_donated and any(map(is_deleted, dynamic)):
+            # A deleted buffer spread over several devices crashes XLA's runtime.
             root = (self._fun, args, kwargs)
             raise deleted_array_error(root, jax.tree_util.tree_leaves(root))
         try:
