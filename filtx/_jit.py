@@ -114,7 +114,12 @@ quiet_unusable_donations = _QuietUnusableDonations()
 
 
 def call_entry(entry: Entry, dynamic: list, quiet: bool, fun: Any, args: tuple, kwargs: dict):
-    """Dispatch to a compiled entry; diagnose use-after-donation on failure."""
+    """Dispatch to a compiled entry; name the paths of arrays used after donation."""
+    if entry.plan.any_donated and any(map(is_deleted, dynamic)):
+        # Refused before dispatch: a deleted buffer spread over several devices
+        # crashes XLA's runtime instead of raising.
+        root = (fun, args, kwargs)
+        raise deleted_array_error(root, jax.tree_util.tree_leaves(root))
     try:
         if quiet:
             with quiet_unusable_donations:
@@ -155,10 +160,6 @@ class _JitWrapper:
 
     def __call__(self, /, *args, **kwargs):
         entry, dynamic = self._boundary.prepare(self._fun, args, kwargs, self._build)
-        if entry.plan.any_donated and any(map(is_deleted, dynamic)):
-            # A deleted buffer spread over several devices crashes XLA's runtime.
-            root = (self._fun, args, kwargs)
-            raise deleted_array_error(root, jax.tree_util.tree_leaves(root))
         try:
             return call_entry(entry, dynamic, self._quiet, self._fun, args, kwargs).unpack()
         except Exception as e:
@@ -239,15 +240,16 @@ class Compiled:
                 "function itself."
             )
         return call_entry(
-            _CompiledEntry(self._compiled), dynamic, wrapper._quiet, wrapper._fun, args, kwargs
+            _CompiledEntry(self._compiled, self._entry.plan), dynamic, wrapper._quiet, wrapper._fun, args, kwargs
         ).unpack()
 
 
 class _CompiledEntry:
-    __slots__ = ("call",)
+    __slots__ = ("call", "plan")
 
-    def __init__(self, call):
+    def __init__(self, call, plan):
         self.call = call
+        self.plan = plan
 
 
 @overload

@@ -16,8 +16,8 @@ import jax
 from jax.extend.core import jaxpr_as_fun
 
 from ._abstract import OutAxes, SignatureCache, varying_outputs
-from ._boundary import Entry, flat_function, is_deleted, join_outputs, mapped_body, shared_boundary, unique_roles
-from ._errors import call_leaf_paths, deleted_array_error, describe
+from ._boundary import Entry, flat_function, join_outputs, mapped_body, shared_boundary, unique_roles
+from ._errors import call_leaf_paths, describe
 from ._jit import as_pytree, call_entry, check_transform_kwargs, freeze, fun_donates
 from ._spec import LeafResolver, if_array, parse_mode
 from ._vmap import in_axes_error
@@ -61,10 +61,6 @@ class _PmapWrapper:
 
     def __call__(self, /, *args, **kwargs):
         entry, dynamic = self._boundary.prepare(self._fun, args, kwargs, self._build)
-        if entry.plan.any_donated and any(map(is_deleted, dynamic)):
-            # A deleted buffer spread over several devices crashes XLA's runtime.
-            root = (self._fun, args, kwargs)
-            raise deleted_array_error(root, jax.tree_util.tree_leaves(root))
         try:
             arrays_tree, info = call_entry(entry, dynamic, self._quiet, self._fun, args, kwargs)
         except ValueError as e:
