@@ -18,17 +18,18 @@ import jax
 
 from ._boundary import register_cache
 from ._errors import SpecError
-from ._spec import Role, broadcast_prefix, check_callable_result, is_array, static, type_only
+from ._spec import (
+    Role,
+    axis_prefix_leaf,
+    broadcast_prefix,
+    check_callable_result,
+    is_array,
+    is_axis_value,
+    static,
+    type_only,
+)
 
 __all__ = ["OutAxes", "SignatureCache", "signature_of"]
-
-
-def _axis_prefix_leaf(x) -> bool:
-    return x is None or isinstance(x, Role)
-
-
-def _is_axis(a) -> bool:
-    return a is None or a is static or (isinstance(a, int) and not isinstance(a, bool))
 
 
 class OutAxes:
@@ -36,24 +37,24 @@ class OutAxes:
 
     def __init__(self, out_axes: Any):
         self.prefix = out_axes
-        leaves = jax.tree_util.tree_leaves(out_axes, is_leaf=_axis_prefix_leaf)
+        leaves = jax.tree_util.tree_leaves(out_axes, is_leaf=axis_prefix_leaf)
         self.needs_evaluation = any(
             callable(a) and not isinstance(a, Role) and type_only(a) is None for a in leaves
         )
         for a in leaves:
-            if not (callable(a) or _is_axis(a)):
+            if not (callable(a) or is_axis_value(a)):
                 raise ValueError(
                     f"out_axes leaves must be ints, None, filtx.static or callables "
                     f"returning one of those; got {a!r}."
                 )
         self.translated = None if self.needs_evaluation else jax.tree_util.tree_map(
-            _translate, out_axes, is_leaf=_axis_prefix_leaf
+            _translate, out_axes, is_leaf=axis_prefix_leaf
         )
 
     def per_leaf(self, out: Any) -> list:
         """The axis of every leaf of `out` (None for non-arrays). Trace time only."""
         try:
-            triples = broadcast_prefix(self.prefix, out, _axis_prefix_leaf)
+            triples = broadcast_prefix(self.prefix, out, axis_prefix_leaf)
         except SpecError as e:
             raise ValueError(f"out_axes: {e}") from None
         axes = []
@@ -64,7 +65,7 @@ class OutAxes:
             if callable(a) and not isinstance(a, Role):
                 result = a(leaf)
                 try:
-                    check_callable_result(a, result, _is_axis, "an int, None or filtx.static")
+                    check_callable_result(a, result, is_axis_value, "an int, None or filtx.static")
                 except SpecError as e:
                     raise ValueError(f"out_axes: {e}") from None
                 a = result

@@ -32,7 +32,18 @@ from ._spec import Deferred, LeafResolver, Role, donate, is_array, static
 MAX_PLANS = 1024
 MAX_ENTRIES_PER_PLAN = 1024
 
-__all__ = ["Plan", "Boundary", "OutputPack", "pack_outputs", "split_outputs", "join_outputs"]
+__all__ = [
+    "Plan",
+    "Boundary",
+    "Entry",
+    "OutputPack",
+    "shared_boundary",
+    "flat_function",
+    "pack_outputs",
+    "mapped_body",
+    "join_outputs",
+    "clear_caches",
+]
 
 
 def merge_getter(first_mask) -> Callable:

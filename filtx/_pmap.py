@@ -19,7 +19,7 @@ from ._abstract import OutAxes, SignatureCache, varying_outputs
 from ._boundary import Entry, flat_function, join_outputs, mapped_body, shared_boundary, unique_roles
 from ._errors import call_leaf_paths, describe
 from ._jit import as_pytree, call_entry, check_transform_kwargs, freeze, fun_donates
-from ._spec import LeafResolver, if_array, parse_mode
+from ._spec import LeafResolver, axis_prefix_leaf, broadcast_prefix, if_array, parse_mode
 from ._vmap import in_axes_error
 
 __all__ = ["filter_pmap"]
@@ -182,7 +182,7 @@ class _PmapWrapper:
 
 def check_unmapped_outputs(closed, mapped_inputs: list[bool], arrays_tree, out_axes_tree) -> None:
     """Refuse `out_axes=None` on outputs that differ across devices."""
-    flat_axes = broadcast_axes(out_axes_tree, arrays_tree)
+    flat_axes = [a for a, _, _ in broadcast_prefix(out_axes_tree, arrays_tree, axis_prefix_leaf)]
     varying = varying_outputs(closed.jaxpr, mapped_inputs)
     paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(arrays_tree)[0]]
     culprits = [f"out{p}" for p, axis, v in zip(paths, flat_axes, varying) if axis is None and v]
@@ -193,12 +193,6 @@ def check_unmapped_outputs(closed, mapped_inputs: list[bool], arrays_tree, out_a
             f"jax.lax.pmean over the axis). Reduce it over the axis, or give it an int "
             f"out axis."
         )
-
-
-def broadcast_axes(out_axes_tree, arrays_tree) -> list:
-    from ._spec import broadcast_prefix
-
-    return [a for a, _, _ in broadcast_prefix(out_axes_tree, arrays_tree, lambda x: x is None)]
 
 
 def _unmapped_aval(x, axis):

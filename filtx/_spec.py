@@ -521,7 +521,7 @@ class LeafResolver:
                 raise ValueError(f"specs for {base}: {e}") from None
             if self.in_axes is not None and axes is not None:
                 try:
-                    axis_values = [a for a, _, _ in broadcast_prefix(axes, piece, _axis_prefix_leaf)]
+                    axis_values = [a for a, _, _ in broadcast_prefix(axes, piece, axis_prefix_leaf)]
                 except SpecError as e:
                     raise ValueError(f"in_axes for {base}: {e}") from None
             else:
@@ -563,7 +563,7 @@ class LeafResolver:
             else:
                 s_, exact_ = s, exact
             if axis_fn is not None:
-                check_callable_result(axis_fn, ax, _is_axis_value, "an int, None or filtx.static")
+                check_callable_result(axis_fn, ax, is_axis_value, "an int, None or filtx.static")
                 a_ = ax
             else:
                 a_ = a
@@ -572,7 +572,7 @@ class LeafResolver:
         return Deferred(index, evaluate, finalize)
 
     def _finish(self, s, exact, a, leaf, dynamic):
-        if not _is_axis_value(a):
+        if not is_axis_value(a):
             raise SpecError(
                 f"an axis spec leaf must be an int, None, filtx.static or a callable "
                 f"returning one of those; got {a!r}."
@@ -592,9 +592,9 @@ def _role_prefix_leaf(x) -> bool:
     return x is None or isinstance(x, (Role, bool))
 
 
-def _axis_prefix_leaf(x) -> bool:
+def axis_prefix_leaf(x) -> bool:
     return x is None or isinstance(x, Role)
 
 
-def _is_axis_value(a) -> bool:
+def is_axis_value(a) -> bool:
     return a is None or a is static or (isinstance(a, int) and not isinstance(a, bool))
