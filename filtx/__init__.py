@@ -1,15 +1,44 @@
 """filtx: filtered JAX transformations over whole pytrees.
 
 Every leaf that crosses `filter_jit`, `filter_vmap` or `filter_pmap` is
-**static**, **traced** or **donated**; see `DESIGN.md` and the docs.
+**static**, **traced** or **donated**; see the documentation.
+
+Where each rule lives (transforms are thin compositions of the layers below
+them, never importing each other):
+
+- `_roles`: the roles, `is_array`/`if_array`, the donation modes, one leaf's rule
+- `_prefix`: broadcasting a spec prefix over a tree, with the mismatch's path
+- `_signature`: binding a call to the function's parameters; specs by position or name
+- `_resolve`: (fun, args, kwargs) -> the role (and in axis) of every leaf
+- `_plan`: plans per call signature, canonical plans, callable-spec variants
+- `_boundary`: flatten once, split by plan, key the cache; rebuild the call inside
+- `_share`: sharing patterns, donation of aliased buffers, `unshare`/`reshare`
+- `_outputs`: the one carrier of non-array and shared outputs
+- `_out_specs`: output specs, callables resolved by abstract evaluation
+- `_varying`: which pmap outputs differ across devices
+- `_leaks`: tracers hidden in returned objects
+- `_caches`: bounded caches, `clear_caches`, compile state shared by equal wrappers
+- `_wrapper`: what every wrapper shares (decorators, binding, equality, dispatch)
+- `_lowering`: `.lower()` / `.compile()`
+- `_mapped`: what the mapped transforms share
+- `_donation`: donation warnings
+- `_errors`: every user-facing message; `_explain`: explained retraces
+- `_jit`, `_vmap`, `_pmap`: the transforms
 """
 
-from ._boundary import clear_caches
+import os as _os
+
+from jax._src import traceback_util as _traceback_util
+
+from ._caches import clear_caches
 from ._jit import filter_jit
-from ._share import SharingPattern, reshare, unshare
-from ._spec import donate, if_array, is_array, static, traced
-from ._vmap import filter_vmap
 from ._pmap import filter_pmap
+from ._roles import donate, if_array, is_array, static, traced
+from ._share import SharingPattern, reshare, unshare
+from ._vmap import filter_vmap
+
+# Tracebacks through JAX's API boundaries hide filtx's frames, as they hide JAX's.
+_traceback_util.register_exclusion(_os.path.dirname(__file__))
 
 __version__ = "0.1.0"
 

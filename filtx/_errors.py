@@ -1,10 +1,13 @@
-"""Error messages that name the pytree path of the offending leaf.
+"""Every user-facing message filtx raises, each naming the pytree path at fault.
 
 Paths are computed here, on the error path only: the hot path never builds them.
 """
 
 from __future__ import annotations
 
+import difflib
+import re
+from itertools import compress
 from typing import Any
 
 import jax
@@ -16,25 +19,31 @@ class SpecError(ValueError):
     """A spec problem found before the path of the leaf is known."""
 
 
+class PartialAliasing(Exception):
+    """Two dynamic positions share some device buffers but not all."""
+
+
 def keystr(path) -> str:
     return jax.tree_util.keystr(tuple(path))
 
 
-def call_leaf_paths(root: Any, names=ROOT_NAMES) -> list[str]:
-    """Readable paths of every leaf of a `(fun, args, kwargs)` root, in flatten order.
-
-    `args[1].layers[0].weight`, `kwargs['lr']`, `fun.weight`.
-    """
+def call_leaf_paths(root: Any) -> list[str]:
+    """Readable paths of every leaf of a `(fun, args, kwargs)` root, in flatten order:
+    `args[1].layers[0].weight`, `kwargs['lr']`, `fun.weight`."""
     flat, _ = jax.tree_util.tree_flatten_with_path(root)
     out = []
     for path, _ in flat:
         head, rest = path[0], path[1:]
-        name = names[head.idx] if hasattr(head, "idx") else keystr((head,))
+        name = ROOT_NAMES[head.idx] if hasattr(head, "idx") else keystr((head,))
         if name == "kwargs" and rest and hasattr(rest[0], "key"):
             out.append(f"kwargs[{rest[0].key!r}]{keystr(rest[1:])}")
         else:
             out.append(name + keystr(rest))
     return out
+
+
+def dynamic_paths(root: Any, plan) -> list[str]:
+    return list(compress(call_leaf_paths(root), plan.dynamic_mask))
 
 
 def piece_leaf_path(base: str, piece: Any, index: int) -> str:
@@ -43,45 +52,7 @@ def piece_leaf_path(base: str, piece: Any, index: int) -> str:
     return base + keystr(flat[index][0])
 
 
-def check_static_outputs(out: Any, leaves: list, is_static: list) -> None:
-    """Refuse non-array outputs that cannot be returned as they are: a generator
-    (it would run after the trace ends) and an object hiding a tracer (it would
-    leak out of the transformation). Runs at trace time only."""
-    import inspect
-
-    for i, (leaf, static) in enumerate(zip(leaves, is_static)):
-        if not static:
-            continue
-        if inspect.isgenerator(leaf) or inspect.isasyncgen(leaf):
-            raise TypeError(
-                f"{_output_path(out, i)}: the function returned a generator, which would "
-                f"run after the transformation has finished tracing. Return a list or "
-                f"tuple instead (e.g. `list(gen)` or `tuple(gen)`)."
-            )
-        hidden = _hidden_tracer(leaf)
-        if hidden is not None:
-            raise TypeError(
-                f"{_output_path(out, i)}{hidden}: a tracer is hidden inside a returned "
-                f"{type(leaf).__name__}, which is not a pytree, so filtx returns it as it is "
-                f"and the tracer would leak out of the transformation. Register "
-                f"{type(leaf).__name__} as a pytree (e.g. an eqx.Module or "
-                f"jax.tree_util.register_dataclass) or return the array directly."
-            )
-
-
-def _hidden_tracer(obj: Any) -> str | None:
-    """The attribute of `obj` holding a tracer (one level deep), or None."""
-    fields = getattr(obj, "__dict__", None)
-    if not isinstance(fields, dict):
-        slots = getattr(type(obj), "__slots__", ())
-        fields = {name: getattr(obj, name, None) for name in ([slots] if isinstance(slots, str) else slots)}
-    for name, value in fields.items():
-        if isinstance(value, jax.core.Tracer):
-            return f".{name}"
-    return None
-
-
-def _output_path(out: Any, index: int) -> str:
+def output_path(out: Any, index: int) -> str:
     flat, _ = jax.tree_util.tree_flatten_with_path(out)
     return "out" + keystr(flat[index][0])
 
@@ -94,11 +65,13 @@ def describe(leaf: Any) -> str:
     return type(leaf).__name__
 
 
-def unhashable_static_error(root: Any, leaves: list, static_mask) -> TypeError:
-    paths = call_leaf_paths(root)
-    for path, leaf, is_static in zip(paths, leaves, static_mask):
-        if not is_static:
-            continue
+# ---------------------------------------------------------------------------
+# Arguments
+
+
+def unhashable_static_error(root: Any, static_mask) -> TypeError:
+    leaves = jax.tree_util.tree_leaves(root)
+    for path, leaf in zip(compress(call_leaf_paths(root), static_mask), compress(leaves, static_mask)):
         try:
             hash(leaf)
         except TypeError:
@@ -111,19 +84,16 @@ def unhashable_static_error(root: Any, leaves: list, static_mask) -> TypeError:
     return TypeError("a static leaf is not hashable")
 
 
-def deleted_array_error(root: Any, leaves: list) -> RuntimeError | None:
+def deleted_array_error(root: Any) -> RuntimeError | None:
     """The error for arrays passed after their buffers were donated, or None."""
-    paths = call_leaf_paths(root)
-    deleted = [
-        (path, leaf)
-        for path, leaf in zip(paths, leaves)
-        if isinstance(leaf, jax.Array) and _is_deleted(leaf)
-    ]
+    leaves = jax.tree_util.tree_leaves(root)
+    deleted = [(p, x) for p, x in zip(call_leaf_paths(root), leaves) if _is_deleted(x)]
     if not deleted:
         return None
-    where = ", ".join(f"{p} ({describe(x)})" for p, x in deleted)
+    where = ", ".join(f"{p} ({describe(x)})" for p, x in deleted[:8])
+    more = f" and {len(deleted) - 8} more" if len(deleted) > 8 else ""
     return RuntimeError(
-        f"{where}: this array's buffer was donated to an earlier call and deleted, "
+        f"{where}{more}: this array's buffer was donated to an earlier call and deleted, "
         f"so it cannot be used again. Use the value that call returned instead (e.g. "
         f"`model = step(model, batch)`), or do not donate it (donate='none', or "
         f"filtx.traced for this leaf in specs=)."
@@ -132,84 +102,183 @@ def deleted_array_error(root: Any, leaves: list) -> RuntimeError | None:
 
 def _is_deleted(x) -> bool:
     try:
-        return x.is_deleted()
+        return isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) and x.is_deleted()
     except Exception:
         return False
 
 
+def partial_aliasing_error(root: Any, plan, error: PartialAliasing) -> ValueError:
+    paths = dynamic_paths(root, plan)
+    i, j = error.args
+    return ValueError(
+        f"{paths[i]} and {paths[j]} share some device buffers but not all (one was "
+        f"assembled from the other's shards), so they cannot be donated together. "
+        f"Copy one of them first (e.g. `jnp.copy`), or do not donate them."
+    )
+
+
+def callable_spec_error(root: Any, deferred: list, leaves: list, error: Exception) -> ValueError:
+    for d in deferred:
+        try:
+            d.evaluate(leaves[d.index])
+        except Exception:
+            path = call_leaf_paths(root)[d.index]
+            break
+    else:  # pragma: no cover - the callable raised once and not again
+        path = "a leaf"
+    return ValueError(
+        f"{path}: the callable in the spec raised {type(error).__name__}: {error}. "
+        f"A callable spec must accept every leaf beneath it."
+    )
+
+
+def mutated_argument_error(path: str, transform: str) -> ValueError:
+    return ValueError(
+        f"{path} was changed in place inside {transform} (an item assigned, an "
+        f"attribute or a Flax NNX Variable set): the change would be lost, since a "
+        f"compiled function sees a copy of its arguments. Return the new value "
+        f"instead (e.g. `return new_state`, then use it). For Flax NNX, split the "
+        f"module with `nnx.split` and `nnx.merge` it inside, or use `nnx.jit`."
+    )
+
+
+_DYNAMIC_NAME = re.compile(r"dynamic\[(\d+)\]")
+
+
+def rename_dynamic(error: BaseException, paths: list[str]) -> None:
+    """Put the user's paths where a JAX error names filtx's flat arguments
+    (`dynamic[3]`), in place, so the error keeps its type."""
+
+    def name(match):
+        i = int(match.group(1))
+        return paths[i] if i < len(paths) else match.group(0)
+
+    args = getattr(error, "args", ())
+    if args and isinstance(args[0], str) and _DYNAMIC_NAME.search(args[0]):
+        error.args = (_DYNAMIC_NAME.sub(name, args[0]),) + tuple(args[1:])
+
+
 # ---------------------------------------------------------------------------
-# Explained retraces (jax.config.jax_explain_cache_misses)
-
-import logging  # noqa: E402
-
-logger = logging.getLogger("filtx")
+# Options
 
 
-def explaining() -> bool:
-    return bool(jax.config.jax_explain_cache_misses)
+def unknown_option_error(transform: str, name: str, own: list[str], passthrough: str) -> TypeError:
+    close = difflib.get_close_matches(name, own, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return TypeError(
+        f"{transform}() got an unexpected keyword argument {name!r}.{hint} Its own "
+        f"parameters are {', '.join(own)}; other keywords must be parameters of "
+        f"{passthrough}."
+    )
 
 
-class CallSignature:
-    """What a call's cache key was made of, with paths: kept only while explaining."""
-
-    def __init__(self, root, leaves, static_mask, roles, pattern):
-        self.paths = call_leaf_paths(root)
-        self.types = [type(x) for x in leaves]
-        self.statics = {p: x for p, x, s in zip(self.paths, leaves, static_mask) if s}
-        self.roles = dict(zip([p for p, s in zip(self.paths, static_mask) if not s], roles))
-        self.pattern = pattern
+def owned_option_error(transform: str, taken: list[str]) -> ValueError:
+    return ValueError(
+        f"{transform} got {', '.join(taken)}: filtx decides what is static and what is "
+        f"donated, leaf by leaf. Use specs= (filtx.static / filtx.traced / "
+        f"filtx.donate) and donate= instead."
+    )
 
 
-def explain_new_entry(name: str, old: CallSignature | None, new: CallSignature) -> None:
-    """Log why a call of `name` compiles again: which paths changed and how."""
-    if old is None:
-        logger.warning("filtx: tracing %s for the first time.", name)
-        return
-    reasons = []
-    old_paths, new_paths = set(old.paths), set(new.paths)
-    added, removed = sorted(new_paths - old_paths), sorted(old_paths - new_paths)
-    if added or removed:
-        reasons.append(
-            "tree structure changed"
-            + (f"; new leaves at {', '.join(added[:5])}" if added else "")
-            + (f"; leaves gone from {', '.join(removed[:5])}" if removed else "")
-        )
-    for path in new.paths:
-        if path not in old_paths:
+def donation_in_mapped_error(where: str) -> ValueError:
+    return ValueError(
+        f"{where}filter_vmap does not donate: donation happens at a compiled boundary "
+        f"(filter_jit, filter_pmap). A filter_vmap inside filter_jit(donate=...) "
+        f"donates through it. Use filtx.traced here."
+    )
+
+
+# ---------------------------------------------------------------------------
+# Outputs
+
+
+def check_returned_statics(out: Any, leaves: list, is_array_mask: list, inputs: list) -> None:
+    """Refuse non-array outputs that cannot be returned as they are: a generator
+    (it would run after the trace ends) and an object hiding a tracer (it would
+    leak out of the transformation). Trace time only."""
+    import inspect
+
+    from ._leaks import hidden_tracer
+
+    traces = {t for t in (getattr(x, "_trace", None) for x in inputs) if t is not None}
+    for i, (leaf, array) in enumerate(zip(leaves, is_array_mask)):
+        if array:
             continue
-        if path in new.statics and path in old.statics:
-            a, b = old.statics[path], new.statics[path]
-            if not _same(a, b):
-                reasons.append(f"{path}: static value {_short(a)} -> {_short(b)}")
-        elif (path in new.statics) != (path in old.statics):
-            was = "static" if path in old.statics else repr(old.roles.get(path))
-            now = "static" if path in new.statics else repr(new.roles.get(path))
-            reasons.append(f"{path}: role {was} -> {now}")
-        elif old.roles.get(path) is not new.roles.get(path):
-            reasons.append(f"{path}: role {old.roles.get(path)!r} -> {new.roles.get(path)!r}")
-    if old.pattern != new.pattern:
-        reasons.append("sharing pattern changed (which arguments are the same object)")
-    if not reasons:
-        reasons.append("leaf types changed with the same roles")
-    logger.warning("filtx: retracing %s because %s.", name, "; ".join(reasons))
+        if inspect.isgenerator(leaf) or inspect.isasyncgen(leaf):
+            raise TypeError(
+                f"{output_path(out, i)}: the function returned a generator, which would "
+                f"run after the transformation has finished tracing. Return a list or "
+                f"tuple instead (e.g. `list(gen)` or `tuple(gen)`)."
+            )
+        hidden = hidden_tracer(leaf, traces)
+        if hidden is not None:
+            raise TypeError(
+                f"{output_path(out, i)}{hidden}: a tracer is hidden inside a returned "
+                f"{type(leaf).__name__}, which is not a pytree, so filtx returns it as it is "
+                f"and the tracer would leak out of the transformation. Register "
+                f"{type(leaf).__name__} as a pytree (e.g. an eqx.Module or "
+                f"jax.tree_util.register_dataclass) or return the array directly."
+            )
 
 
-def explain_new_avals(name: str, paths: list, old: list | None, new: list) -> None:
-    """Log which traced leaves changed shape, dtype or weak type."""
-    if old is None:
-        return
-    changes = [f"{p}: {a.str_short()} -> {b.str_short()}" for p, a, b in zip(paths, old, new) if a != b]
-    if changes:
-        logger.warning("filtx: retracing %s because %s.", name, "; ".join(changes))
+def int_out_axis_on_non_array_error(out: Any, index: int, axis: int) -> ValueError:
+    leaf = jax.tree_util.tree_leaves(out)[index]
+    return ValueError(
+        f"{output_path(out, index)} ({type(leaf).__name__}): out_axes gives it axis "
+        f"{axis}, but it is not an array or a number, so it cannot be stacked. Give it "
+        f"None (or filtx.if_array({axis}) on its subtree)."
+    )
 
 
-def _same(a, b) -> bool:
-    try:
-        return bool(a == b)
-    except Exception:
-        return a is b
+def unmapped_outputs_error(culprits: list[str], why: str, fix: str) -> ValueError:
+    return ValueError(f"out_axes is None for output {', '.join(culprits)}, but {why}. {fix}")
 
 
-def _short(x) -> str:
-    text = repr(x)
-    return text if len(text) <= 60 else text[:57] + "..."
+# ---------------------------------------------------------------------------
+# Mapped axes
+
+
+def in_axes_error(paths: list[str], dynamic: list, axes, axis_size, what: str) -> ValueError | None:
+    """Explain a mapping failure: an axis out of range, or inconsistent sizes."""
+    sizes = []
+    for path, leaf, axis in zip(paths, dynamic, axes):
+        if axis is None:
+            continue
+        ndim = getattr(leaf, "ndim", 0)
+        if ndim == 0 or not -ndim <= axis < ndim:
+            return ValueError(
+                f"{path} ({describe(leaf)}) is mapped over axis {axis}, which is out of "
+                f"range for an array of {ndim} dimension(s). Give it another axis in "
+                f"in_axes, or None to pass it unmapped."
+            )
+        sizes.append((path, leaf.shape[axis]))
+    distinct = {s for _, s in sizes}
+    if axis_size is not None:
+        distinct.add(axis_size)
+    if len(distinct) > 1:
+        listed = "; ".join(f"{p}: {s}" for p, s in sizes)
+        expected = f" (axis_size={axis_size})" if axis_size is not None else ""
+        return ValueError(
+            f"{what} got inconsistent sizes for the mapped axes{expected}: {listed}. "
+            f"Every mapped leaf must have the same size along its mapped axis."
+        )
+    return None
+
+
+def device_count_error(path: str, leaf: Any, axis: int, n_devices: int) -> ValueError:
+    return ValueError(
+        f"{path} ({describe(leaf)}) is mapped over axis {axis} of size "
+        f"{leaf.shape[axis]}, but filter_pmap runs on {n_devices} local device(s). Give "
+        f"every mapped leaf a leading axis of size {n_devices} (e.g. replicate a model "
+        f"with jax.tree.map(lambda x: jnp.stack([x] * {n_devices}), model)), or pass "
+        f"devices=."
+    )
+
+
+def no_mapped_input_error(transform: str) -> ValueError:
+    return ValueError(
+        f"{transform} cannot tell the size of the mapped axis: no input is mapped (every "
+        f"array's in_axes is None, or there are no arrays) and axis_size is not given, "
+        f"but an output has an int out axis. Map an input, pass axis_size=, or give "
+        f"every output out_axes=None."
+    )

@@ -1,55 +1,64 @@
 """filter_pmap: `jax.pmap` over whole pytrees, the user's function traced once.
 
 The function is traced once per per-device signature to a closed jaxpr with the
-axis name bound; `jax.pmap` evaluates that jaxpr, so re-tracing by pmap (a new
-placement of the inputs, say) never runs the user's function again.
+axis name bound (`jax.make_jaxpr(..., axis_env=...)`); callable out_axes are
+resolved on that trace's output; `jax.pmap` evaluates the jaxpr, so a re-trace
+by pmap (a new placement of the inputs, say) never runs the user's function again.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from itertools import compress
 from typing import Any, TypeVar, overload
 
 import jax
 from jax.extend.core import jaxpr_as_fun
 
-from ._abstract import OutAxes, SignatureCache, varying_outputs
-from ._boundary import Entry, flat_function, join_outputs, mapped_body, shared_boundary, unique_roles
-from ._errors import call_leaf_paths, describe
-from ._jit import as_pytree, call_entry, check_transform_kwargs, freeze, fun_donates
-from ._spec import LeafResolver, axis_prefix_leaf, broadcast_prefix, if_array, parse_mode
-from ._vmap import in_axes_error
+from ._boundary import Boundary, Entry, Split, flat_function, unique_paths
+from ._caches import BoundedCache
+from ._donation import quietly
+from ._errors import device_count_error, in_axes_error, unmapped_outputs_error
+from ._lowering import Lowered
+from ._mapped import mapped_unique, stand_in
+from ._out_specs import OutAxes, config_key
+from ._outputs import pack_outputs, unpack
+from ._prefix import broadcast_prefix
+from ._resolve import LeafResolver, axis_prefix_leaf, check_axis_prefix
+from ._roles import if_array, parse_mode
+from ._share import unique_donation
+from ._varying import varying_outputs
+from ._wrapper import Wrapper, check_options, dispatch, freeze, fun_donates
 
 __all__ = ["filter_pmap"]
 
 _F = TypeVar("_F", bound=Callable)
 _DEFAULT_AXIS_NAME = "filtx_pmap_axis"
-_OWNED_PMAP_KWARGS = ("static_broadcasted_argnums", "donate_argnums", "in_axes", "out_axes")
+_OWN = ["fun", "in_axes", "out_axes", "axis_name", "axis_size", "donate", "specs", "share", "devices", "backend"]
+_OWNED_BY_FILTX = ("static_broadcasted_argnums", "donate_argnums", "in_axes", "out_axes")
 
 
-def _per_device(aval) -> tuple:
-    return (aval.shape, aval.dtype, aval.weak_type)
+def _per_device(x, axis) -> tuple:
+    aval = jax.typeof(x)
+    shape = list(aval.shape)
+    if axis is not None:
+        del shape[axis]
+    return (tuple(shape), aval.dtype, aval.weak_type)
 
 
-class _PmapWrapper:
-    def __init__(self, fun, in_axes, out_axes, axis_name, axis_size, mode, specs, share, devices, backend, pmapkwargs):
-        check_transform_kwargs(pmapkwargs, _OWNED_PMAP_KWARGS, "filter_pmap")
-        functools.update_wrapper(self, fun)
-        self._fun = as_pytree(fun)
-        options = (
-            "pmap", mode, share, freeze(specs), freeze(in_axes), freeze(out_axes), axis_name,
-            axis_size, freeze(devices), backend, freeze(pmapkwargs),
-        )
-        self._boundary = shared_boundary(
-            options,
-            fun,
-            lambda: LeafResolver(
-                fun, mode=mode, specs=specs, in_axes=in_axes, fun_donates=fun_donates(fun)
-            ),
-            share,
-        )
+class _PmapWrapper(Wrapper):
+    transform = "filter_pmap"
+
+    def __init__(self, fun, in_axes, out_axes, axis_name, axis_size, donate, specs, share, devices, backend, pmapkwargs):
+        mode = parse_mode(donate)
+        super().__init__(fun, (
+            mode, share, freeze(specs), freeze(in_axes), freeze(out_axes), axis_name, axis_size,
+            freeze(devices), backend, freeze(pmapkwargs),
+        ))
+        check_axis_prefix(in_axes, "in_axes")
+        self._boundary = self._shared(lambda: Boundary(
+            LeafResolver(fun, mode=mode, specs=specs, in_axes=in_axes, fun_donates=fun_donates(fun)), share, self.name
+        ))
         self._out_axes = OutAxes(out_axes)
         self._axis_name = _DEFAULT_AXIS_NAME if axis_name is None else axis_name
         self._axis_size = axis_size
@@ -60,61 +69,64 @@ class _PmapWrapper:
         self._quiet = mode.donates and not mode.show_warnings
 
     def __call__(self, /, *args, **kwargs):
-        entry, dynamic = self._boundary.prepare(self._fun, args, kwargs, self._build)
+        entry, dynamic, split = self._boundary.prepare(self._fun, args, kwargs, self._build)
         try:
-            arrays_tree, info = call_entry(entry, dynamic, self._quiet, self._fun, args, kwargs)
-        except ValueError as e:
-            error = self._size_error(entry, args, kwargs)
+            return unpack(*dispatch(entry.call, dynamic, split, entry))
+        except (ValueError, IndexError) as e:
+            error = self._size_error(split, entry, dynamic)
             if error is not None:
                 raise error from e
             raise
-        return join_outputs(arrays_tree, info)
 
-    # -- building an entry -------------------------------------------------
+    def lower(self, /, *args, **kwargs) -> Lowered:
+        """Lower for these arguments (ahead-of-time compilation), as `filter_jit.lower`."""
+        entry, dynamic, _ = self._boundary.prepare(self._fun, args, kwargs, self._build)
+        return Lowered(entry.lower(*dynamic), self, entry)
 
-    def _build(self, plan, statics, pattern) -> Entry:
-        donated, axes = unique_roles(plan, pattern)
-        flat = flat_function(plan, statics, pattern, mapped_body(self._out_axes, self._share), self._boundary.name)
-        jaxprs = SignatureCache()
+    def _finish(self, out) -> Any:
+        return unpack(*out)
 
-        def trace_once(per_device_avals: list, local_size: int | None = None):
-            """`(evaluate, out_treedef, out_axes_tree)` for one per-device signature:
-            the user's function traced once, its callable out_axes resolved there."""
-            key = tuple(map(_per_device, per_device_avals))
+    # -- building an entry -------------------------------------------------------
 
-            def build():
-                size = self._global_axis_size(local_size)
-                resolved = []
+    def _build(self, split: Split) -> Entry:
+        plan, pattern = split.plan, split.pattern
+        donated = plan.donate_mask if pattern is None else unique_donation(pattern, plan.donate_mask)
+        axes = mapped_unique(plan, pattern)
+        out_axes, share = self._out_axes, self._share
 
-                def traced(*xs):
-                    out = flat(*xs)
-                    if self._out_axes.needs_evaluation:
-                        resolved.append(self._out_axes.tree_for(join_outputs(*out)))
-                    return out
+        def body(fun, args, kwargs, dynamic):
+            return pack_outputs(fun(*args, **kwargs), share, out_axes.per_leaf, dynamic)
 
-                shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in per_device_avals]
-                closed, out_shape = jax.make_jaxpr(
-                    traced, axis_env=[(self._axis_name, size)], return_shape=True
-                )(*shapes)
-                tree = resolved[0] if resolved else self._out_axes.translated
-                check_unmapped_outputs(closed, [a is not None for a in axes], out_shape[0], tree)
-                return jaxpr_as_fun(closed), jax.tree_util.tree_structure(out_shape), tree
+        flat = flat_function(split, body, self.name, self.transform)
+        stand = None
+        if self._axis_size is not None and all(a is None for a in axes):
+            stand = stand_in(self._axis_size)  # JAX needs a mapped input
+        traces = BoundedCache()
 
-            return jaxprs.get_or_build(key, build)
+        def trace_once(per_device: tuple, local_size: int | None, config) -> tuple:
+            """`(evaluate, out_treedef, out_axes_tree)`: the user's function traced once
+            per per-device signature and configuration, its callable out_axes resolved there."""
+            return traces.get_or_build(
+                (per_device, config), lambda: self._trace(flat, per_device, axes, local_size)
+            )
 
-        def run(*xs):
-            evaluate, out_treedef, _ = trace_once([x.aval for x in xs])
-            return out_treedef.unflatten(evaluate(*xs))
+        def make_run(fixed: tuple | None) -> Callable:
+            def run(*xs):
+                if stand is not None:
+                    xs = xs[:-1]
+                found = fixed or trace_once(tuple(_per_device(x, None) for x in xs), None, config_key())
+                evaluate, out_treedef, _ = found
+                return out_treedef.unflatten(evaluate(*xs))
 
-        donate_argnums = tuple(i for i, d in enumerate(donated) if d)
+            return run
 
-        def pmapped(out_axes_tree):
+        def pmapped(run: Callable, out_axes_tree) -> Callable:
             return jax.pmap(
                 run,
                 axis_name=self._axis_name,
-                in_axes=tuple(axes),
+                in_axes=tuple(axes) + ((0,) if stand is not None else ()),
                 out_axes=(out_axes_tree, None),
-                donate_argnums=donate_argnums,
+                donate_argnums=tuple(i for i, d in enumerate(donated) if d),
                 devices=self._devices,
                 backend=self._backend,
                 axis_size=self._axis_size,
@@ -122,19 +134,49 @@ class _PmapWrapper:
             )
 
         if not self._out_axes.needs_evaluation:
-            return Entry(pmapped(self._out_axes.translated), plan, statics, pattern)
+            fixed = pmapped(make_run(None), self._out_axes.translated)
+            select = lambda *unique: fixed  # noqa: E731
+        else:
+            by_signature = BoundedCache()
 
-        by_signature = SignatureCache()
+            def for_signature(per_device, local_size, config):
+                found = trace_once(per_device, local_size, config)
+                return pmapped(make_run(found), found[2])
 
-        def dispatch(*unique):
-            per_device = [_unmapped_aval(x, a) for x, a in zip(unique, axes)]
-            local_size = next((x.shape[a] for x, a in zip(unique, axes) if a is not None), None)
-            key = tuple(map(_per_device, per_device))
-            return by_signature.get_or_build(
-                key, lambda: pmapped(trace_once(per_device, local_size)[2])
-            )(*unique)
+            def select(*unique):
+                per_device = tuple(_per_device(x, a) for x, a in zip(unique, axes))
+                local_size = self._axis_size or next((x.shape[a] for x, a in zip(unique, axes) if a is not None), None)
+                config = config_key()
+                return by_signature.get_or_build(
+                    (per_device, config), lambda: for_signature(per_device, local_size, config)
+                )
 
-        return Entry(dispatch, plan, statics, pattern)
+        def call(*unique):
+            target = select(*unique)
+            return target(*unique, stand) if stand is not None else target(*unique)
+
+        def lower(*unique):
+            target = select(*unique)
+            return target.lower(*unique, stand) if stand is not None else target.lower(*unique)
+
+        return Entry(quietly(call) if self._quiet else call, plan, pattern, lower=lower, refuse_deleted=True)
+
+    def _trace(self, flat, per_device: list, axes: tuple, local_size: int | None) -> tuple:
+        resolved = []
+
+        def traced(*xs):
+            arrays, carrier = flat(*xs)
+            if self._out_axes.needs_evaluation:
+                resolved.append(self._out_axes.tree_for(unpack(arrays, carrier)))
+            return arrays, carrier
+
+        shapes = [jax.ShapeDtypeStruct(s, d, weak_type=w) for s, d, w in per_device]
+        closed, out_shape = jax.make_jaxpr(
+            traced, axis_env=[(self._axis_name, self._global_axis_size(local_size))], return_shape=True
+        )(*shapes)
+        tree = resolved[0] if resolved else self._out_axes.translated
+        _check_unmapped_outputs(closed, [a is not None for a in axes], out_shape[0], tree)
+        return jaxpr_as_fun(closed), jax.tree_util.tree_structure(out_shape), tree
 
     def _global_axis_size(self, local_size: int | None) -> int:
         """The axis size collectives see: pmap's own inside its trace; otherwise
@@ -151,57 +193,32 @@ class _PmapWrapper:
             local_size = jax.local_device_count(self._backend)
         return local_size * jax.process_count()
 
-    # -- errors ----------------------------------------------------------------
-
-    def _size_error(self, entry, args, kwargs) -> ValueError | None:
-        root = (self._fun, args, kwargs)
-        plan = entry.plan
-        dynamic = list(compress(jax.tree_util.tree_leaves(root), plan.dynamic_mask))
-        error = in_axes_error(root, plan, dynamic, self._axis_size, what="filter_pmap")
+    def _size_error(self, split: Split, entry: Entry, dynamic: list) -> ValueError | None:
+        paths = unique_paths(split.root, split.plan, split.pattern)
+        axes = mapped_unique(split.plan, split.pattern)
+        error = in_axes_error(paths, dynamic, axes, self._axis_size, "filter_pmap")
         if error is not None:
             return error
         n_devices = len(self._devices) if self._devices is not None else jax.local_device_count(self._backend)
-        paths = list(compress(call_leaf_paths(root), plan.dynamic_mask))
-        for path, leaf, axis in zip(paths, dynamic, plan.axes):
-            if axis is not None and leaf.shape[axis] != n_devices:
-                return ValueError(
-                    f"{path} ({describe(leaf)}) is mapped over axis {axis} of size "
-                    f"{leaf.shape[axis]}, but filter_pmap runs on {n_devices} local "
-                    f"device(s). Give every mapped leaf a leading axis of size "
-                    f"{n_devices} (e.g. replicate a model with "
-                    f"jax.tree.map(lambda x: jnp.stack([x] * {n_devices}), model)), or "
-                    f"pass devices=."
-                )
+        for path, leaf, axis in zip(paths, dynamic, axes):
+            if axis is not None and leaf.shape[axis] > n_devices:
+                return device_count_error(path, leaf, axis, n_devices)
         return None
 
-    def __get__(self, instance, owner=None):
-        if instance is None:
-            return self
-        return jax.tree_util.Partial(self, instance)
 
-
-def check_unmapped_outputs(closed, mapped_inputs: list[bool], arrays_tree, out_axes_tree) -> None:
+def _check_unmapped_outputs(closed, mapped_inputs: list[bool], arrays_tree, out_axes_tree) -> None:
     """Refuse `out_axes=None` on outputs that differ across devices."""
     flat_axes = [a for a, _, _ in broadcast_prefix(out_axes_tree, arrays_tree, axis_prefix_leaf)]
-    varying = varying_outputs(closed.jaxpr, mapped_inputs)
+    varying = varying_outputs(closed, mapped_inputs)
     paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(arrays_tree)[0]]
     culprits = [f"out{p}" for p, axis, v in zip(paths, flat_axes, varying) if axis is None and v]
     if culprits:
-        raise ValueError(
-            f"out_axes is None for output {', '.join(culprits)}, but it may differ across "
-            f"devices (it depends on a mapped input without a collective such as "
-            f"jax.lax.pmean over the axis). Reduce it over the axis, or give it an int "
-            f"out axis."
+        raise unmapped_outputs_error(
+            culprits,
+            "it may differ across devices (it depends on a mapped input without a "
+            "collective such as jax.lax.pmean over the axis)",
+            "Reduce it over the axis, or give it an int out axis.",
         )
-
-
-def _unmapped_aval(x, axis):
-    aval = jax.typeof(x)
-    if axis is None:
-        return aval
-    shape = list(aval.shape)
-    del shape[axis]
-    return aval.update(shape=tuple(shape))
 
 
 @overload
@@ -214,14 +231,14 @@ def filter_pmap(
 
 @overload
 def filter_pmap(
-    fun: _F, /, *, in_axes: Any = if_array(0), out_axes: Any = if_array(0), axis_name: Any = None,
+    fun: _F, *, in_axes: Any = if_array(0), out_axes: Any = if_array(0), axis_name: Any = None,
     axis_size: int | None = None, donate: str = "none", specs: Any = None, share: bool = False,
     devices: Any = None, backend: str | None = None, **pmapkwargs
 ) -> _F: ...
 
 
 def filter_pmap(
-    fun=None, /, *, in_axes=if_array(0), out_axes=if_array(0), axis_name=None, axis_size=None,
+    fun=None, *, in_axes=if_array(0), out_axes=if_array(0), axis_name=None, axis_size=None,
     donate="none", specs=None, share=False, devices=None, backend=None, **pmapkwargs,
 ):
     """Run a function of whole pytrees on several devices, data-parallel.
@@ -238,15 +255,17 @@ def filter_pmap(
         `filtx.static`, dicts by parameter name). `None` on an output returns one
         copy of a value that is the same on every device (e.g. a `pmean`'d loss).
     - `axis_name`: the name collectives (`jax.lax.pmean`, `psum`) use inside.
-    - `axis_size`, `devices`, `backend`: as in `jax.pmap`.
+    - `axis_size`, `devices`, `backend`: as in `jax.pmap`. With `axis_size=`, a
+        call may map no input at all.
     - `donate`, `specs`: roles and donation, as in `filtx.filter_jit`.
     - `share`: the shared-leaf pass, as in `filtx.filter_jit`.
     - `**pmapkwargs`: passed to `jax.pmap`, except what filtx owns.
 
     **Returns:**
 
-    The parallel function. Under `jax.distributed`, each process passes its local
-    shards, as with `jax.pmap`.
+    The parallel function, with `.lower(*args, **kwargs)` for ahead-of-time
+    compilation. Under `jax.distributed`, each process passes its local shards,
+    as with `jax.pmap`.
 
     !!! example
 
@@ -267,7 +286,8 @@ def filter_pmap(
         assert params["w"].shape == (n, 3) and total.shape == ()
         ```
     """
-    mode = parse_mode(donate)
+    check_options("filter_pmap", _OWN, jax.pmap, pmapkwargs, _OWNED_BY_FILTX)
+    parse_mode(donate)
     if fun is None:
         return functools.partial(
             filter_pmap, in_axes=in_axes, out_axes=out_axes, axis_name=axis_name,
@@ -277,5 +297,5 @@ def filter_pmap(
     if not callable(fun):
         raise TypeError(f"filter_pmap needs a callable, got {type(fun).__name__}.")
     return _PmapWrapper(
-        fun, in_axes, out_axes, axis_name, axis_size, mode, specs, bool(share), devices, backend, pmapkwargs
+        fun, in_axes, out_axes, axis_name, axis_size, donate, specs, bool(share), devices, backend, pmapkwargs
     )

@@ -8,13 +8,14 @@ when a donated buffer is aliased (JAX rejects donating one buffer twice).
 
 from __future__ import annotations
 
-from itertools import compress
-from operator import itemgetter
+from operator import methodcaller
 from typing import Any
 
 import jax
 
-from ._spec import is_array
+from ._errors import PartialAliasing
+from ._gather import first_positions, getter
+from ._roles import is_array
 
 __all__ = ["unshare", "reshare", "SharingPattern"]
 
@@ -27,48 +28,65 @@ def pattern_of(keys: list) -> tuple | None:
     return tuple([first.setdefault(k, len(first)) for k in keys])
 
 
-def buffer_key(x) -> int:
-    """Identity of an array's buffer: distinct jax.Array objects may share one."""
+def shared_pattern(dynamic: list, axes: tuple | None, donating: bool) -> tuple | None:
+    """`share=True`: merge positions holding the same object (with the same axis).
+    When the call donates, array objects over the same buffers count as one."""
+    keys = buffer_keys(dynamic) if donating else list(map(id, dynamic))
+    if axes is None:
+        return pattern_of(keys)
+    return pattern_of(list(zip(keys, axes)))
+
+
+_buffer_pointer = methodcaller("unsafe_buffer_pointer")
+
+
+def buffer_keys(values: list) -> list:
+    """Per value, what identifies its device buffers: distinct `jax.Array` objects
+    over the same buffers get equal keys. Single-device arrays: the buffer's
+    address; sharded arrays: the addresses of every shard; anything else (NumPy
+    arrays, tracers): the object's id."""
+    try:
+        return list(map(_buffer_pointer, values))  # all single-device: one C-level pass
+    except Exception:
+        keys = [_buffer_key(x) for x in values]
+    _check_partial_aliasing(keys)
+    return keys
+
+
+def _buffer_key(x) -> Any:
     try:
         return x.unsafe_buffer_pointer()
     except Exception:
-        return id(x)
+        pass
+    shards = getattr(x, "_arrays", None)
+    if shards:
+        try:
+            return tuple(sorted(map(_buffer_pointer, shards)))
+        except Exception:
+            pass
+    return id(x)
 
 
-def shared_pattern(dynamic: list, axes: tuple | None, key=id) -> tuple | None:
-    """The pattern merging positions that hold the same object (with the same axis)."""
-    ids = list(map(key, dynamic))
-    if axes is None:
-        return pattern_of(ids)
-    return pattern_of(list(zip(ids, axes)))
+def donation_pattern(dynamic: list) -> tuple | None:
+    """With share=False and something donated: a pattern only when a donated
+    buffer also stands at another position (as the same object, or as another
+    array object over the same buffers). Positions holding one buffer are
+    merged, so it is passed once (and donated once, or kept if any keeps it);
+    JAX would refuse the call, or XLA crash, otherwise."""
+    return pattern_of(buffer_keys(dynamic))
 
 
-def aliased_donation_pattern(dynamic: list, donate_mask: tuple, kept_mask: tuple, key=id) -> tuple | None:
-    """With share=False: a pattern only when a donated buffer also stands elsewhere."""
-    donated = list(compress(dynamic, donate_mask))
-    ids = set(map(key, donated))
-    if len(ids) == len(donated) and ids.isdisjoint(map(key, compress(dynamic, kept_mask))):
-        return None
-    return pattern_of(list(map(key, dynamic)))
-
-
-def getter(indices) -> Any:
-    """`itemgetter` that always returns a tuple."""
-    indices = tuple(indices)
-    if len(indices) == 0:
-        return lambda seq: ()
-    if len(indices) == 1:
-        (i,) = indices
-        return lambda seq: (seq[i],)
-    return itemgetter(*indices)
-
-
-def first_positions(pattern: tuple) -> list[int]:
-    """For each unique index, the first position that holds it."""
-    first: dict[int, int] = {}
-    for position, u in enumerate(pattern):
-        first.setdefault(u, position)
-    return [first[u] for u in range(len(first))]
+def _check_partial_aliasing(keys: list) -> None:
+    """Arrays that share some device buffers but not all cannot be merged; refuse
+    them (a rare construction: an array assembled from another's shards)."""
+    if not any(isinstance(key, tuple) for key in keys):
+        return
+    owner: dict = {}
+    for i, key in enumerate(keys):
+        for pointer in key if isinstance(key, tuple) else (key,):
+            j = owner.setdefault(pointer, i)
+            if j != i and keys[j] != key:
+                raise PartialAliasing(j, i)
 
 
 def unique_donation(pattern: tuple, donate_mask: tuple) -> list[bool]:

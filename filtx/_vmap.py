@@ -5,187 +5,185 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from itertools import compress
 from typing import Any, TypeVar, overload
 
 import jax
 import jax.numpy as jnp
 
-from ._abstract import OutAxes, SignatureCache, out_axes_tree_by_evaluation, signature_of
-from ._boundary import Boundary, flat_function, join_outputs, mapped_body
-from ._errors import call_leaf_paths, deleted_array_error, describe
-from ._jit import as_pytree, function_name
-from ._share import unique_values
-from ._spec import MODES, LeafResolver, if_array, is_array
+from ._boundary import Boundary, Entry, Split, flat_function
+from ._caches import BoundedCache
+from ._errors import (
+    donation_in_mapped_error,
+    dynamic_paths,
+    in_axes_error,
+    no_mapped_input_error,
+    unmapped_outputs_error,
+)
+from ._mapped import check_no_donate_spec, first_failing, mapped_unique, traced_numbers_as_arrays
+from ._out_specs import OutAxes, config_key, resolve_by_evaluation
+from ._outputs import pack_outputs, unpack
+from ._resolve import LeafResolver, check_axis_prefix
+from ._roles import MODES, if_array
+from ._wrapper import Wrapper, check_options, dispatch, freeze
 
 __all__ = ["filter_vmap"]
 
 _F = TypeVar("_F", bound=Callable)
+_OWN = ["fun", "in_axes", "out_axes", "axis_name", "axis_size", "specs", "share"]
+_IN_TRACE = object()  # abstract evaluation needed concrete values: resolve inside the real trace
+_CONCRETENESS_ERRORS = (
+    jax.errors.ConcretizationTypeError,
+    jax.errors.TracerArrayConversionError,
+    jax.errors.NonConcreteBooleanIndexError,
+)
 
 
-def donation_in_vmap_error(root, plan) -> ValueError:
-    paths = [p for p, d in zip(compress(call_leaf_paths(root), plan.dynamic_mask), plan.donate_mask) if d]
-    return ValueError(
-        f"{paths[0]} is marked filtx.donate, but filter_vmap does not donate: donation "
-        f"happens at a compiled boundary (filter_jit, filter_pmap). A filter_vmap inside "
-        f"filter_jit(donate=...) donates through it. Use filtx.traced here."
-    )
+class _VmapEntry(Entry):
+    """Per (static leaves, sharing pattern): the in axes of the unique values, the
+    flat function per out-axes tree, and the trees resolved per input signature."""
+
+    __slots__ = ("make_flat", "flat", "axes", "resolved")
 
 
-def in_axes_error(root, plan, dynamic: list, axis_size, what: str = "vmap") -> ValueError | None:
-    """Explain a mapping failure: an axis out of range, or inconsistent sizes."""
-    paths = list(compress(call_leaf_paths(root), plan.dynamic_mask))
-    sizes = []
-    for path, leaf, axis in zip(paths, dynamic, plan.axes):
-        if axis is None:
-            continue
-        ndim = getattr(leaf, "ndim", 0)
-        if not -ndim <= axis < max(ndim, 1) or ndim == 0:
-            return ValueError(
-                f"{path} ({describe(leaf)}) is mapped over axis {axis}, which is out of "
-                f"range for an array of {ndim} dimension(s). Give it another axis in "
-                f"in_axes, or None to pass it unmapped."
-            )
-        sizes.append((path, leaf.shape[axis]))
-    distinct = {s for _, s in sizes}
-    if axis_size is not None:
-        distinct.add(axis_size)
-    if len(distinct) > 1:
-        listed = "; ".join(f"{p}: {s}" for p, s in sizes)
-        expected = f" (axis_size={axis_size})" if axis_size is not None else ""
-        return ValueError(
-            f"{what} got inconsistent sizes for the mapped axes{expected}: {listed}. "
-            f"Every mapped leaf must have the same size along its mapped axis."
-        )
-    return None
+class _VmapWrapper(Wrapper):
+    transform = "filter_vmap"
 
-
-def unmapped_output_error(mapped_fn: Callable, unique: list, out_axes_tree: Any, out_treedef_paths) -> ValueError | None:
-    """Find the outputs that `out_axes=None` cannot return because they vary."""
-    leaves, treedef = jax.tree_util.tree_flatten(out_axes_tree, is_leaf=lambda x: x is None)
-    culprits = []
-    for i, axis in enumerate(leaves):
-        if axis is not None:
-            continue
-        probe_axes = treedef.unflatten([None if j == i else 0 for j in range(len(leaves))])
-        try:
-            jax.eval_shape(mapped_fn(probe_axes), *unique)
-        except ValueError:
-            culprits.append(out_treedef_paths[i])
-    if not culprits:
-        return None
-    return ValueError(
-        f"out_axes is None for output {', '.join(culprits)}, but it depends on the mapped "
-        f"axis, so it cannot be returned once. Give it an int out axis (e.g. "
-        f"filtx.if_array(0))."
-    )
-
-
-class _VmapWrapper:
     def __init__(self, fun, in_axes, out_axes, axis_name, axis_size, specs, share, vmapkwargs):
-        functools.update_wrapper(self, fun)
-        resolver = LeafResolver(
-            fun, mode=MODES["none"], specs=specs, in_axes=in_axes, arrays_may_be_static=True
+        super().__init__(
+            fun, (freeze(in_axes), freeze(out_axes), axis_name, axis_size, freeze(specs), share, freeze(vmapkwargs))
         )
-        self._fun = as_pytree(fun)
-        self._boundary = Boundary(resolver, share, name=function_name(fun))
+        check_no_donate_spec(specs)
+        check_axis_prefix(in_axes, "in_axes")
+        resolver = LeafResolver(fun, mode=MODES["none"], specs=specs, in_axes=in_axes, arrays_may_be_static=True)
+        self._boundary = self._shared(lambda: Boundary(resolver, share, self.name, unhashable_statics=True))
         self._out_axes = OutAxes(out_axes)
         self._axis_name = axis_name
         self._axis_size = axis_size
         self._share = share
         self._vmapkwargs = vmapkwargs
-        self._evaluated = SignatureCache()
 
     def __call__(self, /, *args, **kwargs):
-        plan, statics, dynamic, pattern, args, kwargs = self._boundary.split(self._fun, args, kwargs)
-        if plan.any_donated:
-            raise donation_in_vmap_error((self._fun, args, kwargs), plan)
-        if not all(map(is_array, dynamic)):  # traced Python numbers: weakly typed scalars
-            dynamic = [x if is_array(x) else jnp.asarray(x) for x in dynamic]
-        unique, axes = unique_values(pattern, dynamic, plan.axes)
+        entry, dynamic, split = self._boundary.prepare(self._fun, args, kwargs, self._build)
+        dynamic = traced_numbers_as_arrays(dynamic)
+        axes = entry.axes
         if self._axis_size is None and all(a is None for a in axes):
-            raise ValueError(
-                "filter_vmap has no mapped input: every array's in_axes is None (or "
-                "there are no arrays) and axis_size is not given. Map at least one "
-                "array, or pass axis_size=."
-            )
-        flat = flat_function(plan, statics, pattern, mapped_body(self._out_axes, self._share), self._boundary.name)
-
-        def vmapped(out_axes_tree):
-            return jax.vmap(
-                flat,
-                in_axes=tuple(axes),
-                out_axes=(out_axes_tree, None),
-                axis_name=self._axis_name,
-                axis_size=self._axis_size,
-                **self._vmapkwargs,
-            )
-
+            return self._unbatched(entry, dynamic)
+        out_axes, flat = self._out_axes.translated, entry.flat
         if self._out_axes.needs_evaluation:
-            key = (plan, _statics_key(statics), pattern, signature_of(unique))
-            out_axes_tree = self._evaluated.get_or_build(
-                key, lambda: self._evaluate_out_axes(flat, axes, unique)
-            )
-        else:
-            out_axes_tree = self._out_axes.translated
+            key = (tuple(map(jax.typeof, dynamic)), config_key())
+            out_axes, flat = entry.resolved.get_or_build(key, lambda: self._evaluate_out_axes(entry, dynamic))
         try:
-            arrays_tree, info = vmapped(out_axes_tree)(*unique)
-        except Exception as e:
-            root = (self._fun, args, kwargs)
-            if "deleted" in str(e):
-                error = deleted_array_error(root, jax.tree_util.tree_leaves(root))
-                if error is not None:
-                    raise error from e
-            if not isinstance(e, ValueError):
-                raise
-            error = in_axes_error(root, plan, dynamic, self._axis_size)
-            if error is None and "out_axes" in str(e):
-                error = self._unmapped_output_error(vmapped, flat, axes, unique)
+            if out_axes is _IN_TRACE:
+                return self._resolved_in_trace(entry, dynamic)
+            return unpack(*dispatch(self._vmap(flat, axes, (out_axes, None)), dynamic, split, entry))
+        except ValueError as e:
+            error = self._explain_failure(e, split, entry, dynamic, out_axes)
             if error is not None:
                 raise error from e
             raise
-        return join_outputs(arrays_tree, info)
 
-    def _evaluate_out_axes(self, flat, axes, unique):
+    def _build(self, split: Split) -> Entry:
+        plan = split.plan
+        if plan.any_donated:
+            path = next(p for p, d in zip(dynamic_paths(split.root, plan), plan.donate_mask) if d)
+            raise donation_in_mapped_error(f"{path} is marked filtx.donate, but ")
+        out_axes, share = self._out_axes, self._share
+        split = split._replace(dynamic=None, root=None)  # keep no argument alive
+
+        def make_flat(prefix, structured: bool = True) -> Callable:
+            """The flat function whose outputs are packed for the out-axes tree
+            `prefix` (no callables in it), or in the flat form."""
+            axes_of = functools.partial(out_axes.per_leaf, prefix=prefix) if structured else None
+
+            def body(fun, args, kwargs, dynamic):
+                return pack_outputs(fun(*args, **kwargs), share, axes_of, dynamic)
+
+            return flat_function(split, body, self.name, self.transform)
+
+        entry = _VmapEntry(None, plan, split.pattern)
+        entry.make_flat = make_flat
+        entry.flat = make_flat(None, structured=not out_axes.needs_evaluation)
+        entry.call = entry.flat
+        entry.axes = mapped_unique(plan, split.pattern)
+        entry.resolved = BoundedCache()
+        return entry
+
+    def _vmap(self, fun, axes, out_axes) -> Callable:
+        return jax.vmap(
+            fun, in_axes=tuple(axes), out_axes=out_axes, axis_name=self._axis_name,
+            axis_size=self._axis_size, **self._vmapkwargs,
+        )
+
+    def _unbatched(self, entry, dynamic) -> Any:
+        """Nothing is mapped and no axis size is given: call once, unbatched, as
+        Equinox does; every output must then have out_axes None."""
+        out = unpack(*entry.flat(*dynamic))
+        if any(a is not None for a in self._out_axes.per_leaf(out)):
+            raise no_mapped_input_error(self.transform)
+        return out
+
+    def _evaluate_out_axes(self, entry, dynamic) -> Any:
         def evaluate(record):
             def probe(*xs):
-                arrays_tree, info = flat(*xs)
-                record(join_outputs(arrays_tree, info))
+                record(unpack(*entry.flat(*xs)))
                 return ()
 
-            jax.eval_shape(
-                jax.vmap(probe, in_axes=tuple(axes), out_axes=0, axis_name=self._axis_name, axis_size=self._axis_size),
-                *unique,
-            )
+            jax.eval_shape(self._vmap(probe, entry.axes, 0), *dynamic)
 
-        return out_axes_tree_by_evaluation(self._out_axes, evaluate)
+        try:
+            tree = resolve_by_evaluation(self._out_axes, evaluate)
+        except _CONCRETENESS_ERRORS:
+            return _IN_TRACE, None
+        return tree, entry.make_flat(tree)
 
-    def _unmapped_output_error(self, vmapped, flat, axes, unique):
-        outs = []
+    def _resolved_in_trace(self, entry, dynamic) -> Any:
+        """Callable out_axes resolved on the real batched outputs: every array comes
+        back along axis 0 (or unbatched, for None) and is moved afterwards."""
 
-        def probe(*xs):
-            arrays_tree, _ = flat(*xs)
-            outs.append(arrays_tree)
-            return arrays_tree
+        flat = entry.make_flat(None)  # the user's out_axes, callables included, per leaf
 
-        jax.eval_shape(jax.vmap(probe, in_axes=tuple(axes), out_axes=0, axis_name=self._axis_name, axis_size=self._axis_size), *unique)
-        arrays_tree = outs[0]
-        full = self._out_axes.tree_for(arrays_tree)
-        paths = ["out" + jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(full, is_leaf=lambda x: x is None)[0]]
-        return unmapped_output_error(vmapped, unique, full, paths)
+        def split_by_axis(*xs):
+            arrays, carrier = flat(*xs)
+            leaves = carrier.info.treedef.flatten_up_to(arrays)
+            axes = self._out_axes.per_leaf(unpack(arrays, carrier))
+            batched = [x if a is not None else None for x, a in zip(leaves, axes)]
+            unbatched = [x if a is None else None for x, a in zip(leaves, axes)]
+            return batched, unbatched, carrier, type(carrier)(axes)
 
-    def __get__(self, instance, owner=None):
-        if instance is None:
-            return self
-        return jax.tree_util.Partial(self, instance)
+        batched, unbatched, carrier, axes = self._vmap(split_by_axis, entry.axes, (0, None, None, None))(*dynamic)
+        leaves = []
+        for b, u, a in zip(batched, unbatched, axes.info):
+            if b is None:
+                leaves.append(u)
+            else:
+                leaves.append(b if a == 0 else jnp.moveaxis(b, 0, a))
+        return unpack(carrier.info.treedef.unflatten(leaves), carrier)
 
+    def _explain_failure(self, error, split, entry, dynamic, out_axes) -> ValueError | None:
+        paths = dynamic_paths(split.root, split.plan)
+        if split.pattern is not None:
+            from ._gather import first_positions
 
-def _statics_key(statics: tuple):
-    try:
-        hash(statics)
-        return statics
-    except TypeError:
-        return ("by-identity",) + tuple(map(id, statics))
+            paths = [paths[i] for i in first_positions(split.pattern)]
+        found = in_axes_error(paths, dynamic, entry.axes, self._axis_size, "filter_vmap")
+        if found is not None or "out_axes" not in str(error) or out_axes is _IN_TRACE:
+            return found
+        return self._unmapped_outputs(entry, dynamic)
+
+    def _unmapped_outputs(self, entry, dynamic) -> ValueError | None:
+        """Which outputs with out_axes None depend on the mapped axis."""
+        shapes = []
+        listed = entry.make_flat(None, False)
+        jax.eval_shape(self._vmap(lambda *xs: shapes.append(listed(*xs)) or (), entry.axes, 0), *dynamic)
+        full = self._out_axes.tree_for(unpack(*shapes[0]))
+        flat = entry.make_flat(full)
+        culprits = first_failing(full, lambda probe: jax.eval_shape(self._vmap(flat, entry.axes, (probe, None)), *dynamic))
+        if not culprits:
+            return None
+        return unmapped_outputs_error(
+            culprits, "it depends on the mapped axis, so it cannot be returned once",
+            "Give it an int out axis (e.g. filtx.if_array(0)).",
+        )
 
 
 @overload
@@ -197,13 +195,13 @@ def filter_vmap(
 
 @overload
 def filter_vmap(
-    fun: _F, /, *, in_axes: Any = if_array(0), out_axes: Any = if_array(0), axis_name: Any = None,
+    fun: _F, *, in_axes: Any = if_array(0), out_axes: Any = if_array(0), axis_name: Any = None,
     axis_size: int | None = None, specs: Any = None, share: bool = False, **vmapkwargs
 ) -> _F: ...
 
 
 def filter_vmap(
-    fun=None, /, *, in_axes=if_array(0), out_axes=if_array(0), axis_name=None,
+    fun=None, *, in_axes=if_array(0), out_axes=if_array(0), axis_name=None,
     axis_size=None, specs=None, share=False, **vmapkwargs,
 ):
     """Vectorise a function of whole pytrees: arrays mapped over `in_axes`,
@@ -219,10 +217,13 @@ def filter_vmap(
         addresses positional parameters, a dict parameters by name; keyword
         arguments are supported. Defaults to `filtx.if_array(0)`.
     - `out_axes`: a pytree prefix of the output, as `in_axes`. Callables other
-        than `filtx.if_array` are resolved by abstract evaluation once per input
-        signature and cached.
+        than `filtx.if_array`/`eqx.if_array` are resolved by abstract evaluation
+        once per input signature and cached (inside the real trace, when the
+        function needs concrete values of unmapped inputs). A Python number
+        given an int axis comes back broadcast, as in Equinox.
     - `axis_name`, `axis_size`: as in `jax.vmap`; collectives over `axis_name`
-        work inside.
+        work inside. With nothing mapped and no `axis_size`, the function is
+        called once, unbatched, and every output must have out axis `None`.
     - `specs`: `filtx.static` / `filtx.traced` per leaf, with `filter_jit`'s rules.
         `filtx.donate` is an error: donation happens at a compiled boundary.
     - `share`: pass a leaf standing at several positions (with the same axis) once.
@@ -248,6 +249,9 @@ def filter_vmap(
         assert out.shape == (5, 2)
         ```
     """
+    if "donate" in vmapkwargs:
+        raise donation_in_mapped_error("")
+    check_options("filter_vmap", _OWN, jax.vmap, vmapkwargs, ("in_axes", "out_axes"))
     if fun is None:
         return functools.partial(
             filter_vmap, in_axes=in_axes, out_axes=out_axes, axis_name=axis_name,
@@ -255,7 +259,4 @@ def filter_vmap(
         )
     if not callable(fun):
         raise TypeError(f"filter_vmap needs a callable, got {type(fun).__name__}.")
-    for owned in ("in_axes", "out_axes"):
-        if owned in vmapkwargs:
-            raise ValueError(f"filter_vmap got {owned} twice.")
     return _VmapWrapper(fun, in_axes, out_axes, axis_name, axis_size, specs, bool(share), vmapkwargs)

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import filtx
-from filtx import _boundary
+from filtx import _caches
 
 N_DEV = 8
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -208,14 +208,16 @@ def test_clear_caches_empties_every_cache_filtx_owns():
     v(jnp.ones((2, 3)))
     p(jnp.ones((N_DEV, 3)))
     assert j._boundary.plans and v._boundary.plans and p._boundary.plans
-    assert v._evaluated.items
-    caches = list(_boundary._CACHES)
+    (v_plan,) = v._boundary.plans.values()
+    (v_entry,) = v_plan.entries.values()
+    assert v_entry.resolved.items  # the callable out_axes, resolved per signature
+    caches = list(_caches._REGISTRY)
     assert any(getattr(c, "items", None) for c in caches)  # pmap's per-signature jaxprs
     filtx.clear_caches()
-    for c in _boundary._CACHES:
+    for c in _caches._REGISTRY:
         for attr in ("plans", "canonical", "items"):
             assert not getattr(c, attr, None), f"{type(c).__name__}.{attr} not emptied"
-    assert not v._evaluated.items
+    assert not v_entry.resolved.items
     # Still working, and traced anew.
     assert float(j(jnp.ones(2), 2)[0]) == 2.0
     assert v(jnp.ones((2, 3))).shape == (2, 3)

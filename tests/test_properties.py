@@ -38,7 +38,7 @@ from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 
 import filtx
-from filtx._spec import Role
+from filtx._roles import Role
 
 N_DEV = 8
 _LONG = os.environ.get("FILTX_HYPOTHESIS_EXAMPLES")

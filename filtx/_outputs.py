@@ -1,0 +1,114 @@
+"""One carrier of outputs, for compiled and mapped transforms.
+
+JAX only ever sees a function's array outputs; everything else it returned (and
+where shared outputs go) rides in the aux data of a zero-leaf `Carrier` node,
+so it comes back through JAX's own per-signature output tree. A traced body
+returns `(arrays, carrier)`:
+
+- the *flat* form (`filter_jit`): `arrays` is the list of unique array outputs;
+  JAX unflattens nothing of the user's tree, which keeps its C++ fast path;
+- the *structured* form (mapped transforms): `arrays` is the output tree with
+  `None` wherever no array goes to JAX, so a user's `out_axes` prefix applies.
+
+`unpack(arrays, carrier)` rebuilds the user's tree once, after the call.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+from ._errors import check_returned_statics, int_out_axis_on_non_array_error
+from ._gather import first_positions, getter, merge_getter
+from ._roles import NUMBER_TYPES, is_array
+from ._share import pattern_of
+
+__all__ = ["Carrier", "pack_outputs", "unpack"]
+
+
+class OutputInfo:
+    """How to rebuild one trace's output. Compared by identity: it rides in a
+    treedef's aux data, where JAX may hash or compare it."""
+
+    __slots__ = ("treedef", "statics", "merge", "expand", "take", "direct")
+
+    def __init__(self, treedef, statics: tuple, merge, expand, take, direct: bool):
+        self.treedef = treedef
+        self.statics = statics  # the non-array outputs, in order
+        self.merge = merge  # getter over statics + arrays, restoring leaf order
+        self.expand = expand  # getter restoring shared array positions, or None
+        self.take = take  # structured form: getter of the unique arrays' positions
+        self.direct = direct  # no statics, no sharing, flat: unflatten the arrays as they are
+
+    def build(self, arrays) -> Any:
+        if self.take is not None:
+            arrays = self.take(self.treedef.flatten_up_to(arrays))
+        if self.direct:
+            return self.treedef.unflatten(arrays)
+        if self.expand is not None:
+            arrays = self.expand(arrays)
+        return self.treedef.unflatten(self.merge(self.statics + tuple(arrays)))
+
+
+class Carrier:
+    """A zero-leaf pytree node carrying an `OutputInfo` in its aux data."""
+
+    __slots__ = ("info",)
+
+    def __init__(self, info: OutputInfo):
+        self.info = info
+
+
+jax.tree_util.register_pytree_node(Carrier, lambda c: ((), c.info), lambda info, _: Carrier(info))
+
+
+def unpack(arrays: Any, carrier: Carrier) -> Any:
+    return carrier.info.build(arrays)
+
+
+def pack_outputs(
+    out: Any, share: bool, axes_of: Callable[[Any], list] | None = None, inputs: list = ()
+) -> tuple[Any, Carrier]:
+    """Split a traced function's output into what JAX returns and a `Carrier`.
+
+    `axes_of(out)` gives every leaf's out axis in the structured form (mapped
+    transforms); without it the form is flat. `inputs` are the traced inputs,
+    whose trace tells a leaking tracer from an outer one. Trace time only.
+    """
+    leaves, treedef = jax.tree_util.tree_flatten(out)
+    axes = axes_of(out) if axes_of is not None else None
+    if axes is not None:
+        leaves = [_broadcastable(x, a, out, i) for i, (x, a) in enumerate(zip(leaves, axes))]
+    mask = [is_array(x) for x in leaves]
+    check_returned_statics(out, leaves, mask, inputs)
+    positions = [i for i, m in enumerate(mask) if m]
+    pattern = None
+    if share and positions:
+        keys = [id(leaves[i]) for i in positions]
+        if axes is not None:
+            keys = list(zip(keys, [axes[i] for i in positions]))
+        pattern = pattern_of(keys)
+    unique = positions if pattern is None else [positions[i] for i in first_positions(pattern)]
+    statics = tuple(x for x, m in zip(leaves, mask) if not m)
+    expand = None if pattern is None else getter(pattern)
+    merge = merge_getter([not m for m in mask])
+    if axes is None:
+        arrays = [leaves[i] for i in unique]
+        info = OutputInfo(treedef, statics, merge, expand, None, not statics and pattern is None)
+    else:
+        chosen = set(unique)
+        arrays = treedef.unflatten([x if i in chosen else None for i, x in enumerate(leaves)])
+        info = OutputInfo(treedef, statics, merge, expand, getter(unique), False)
+    return arrays, Carrier(info)
+
+
+def _broadcastable(x: Any, axis: Any, out: Any, index: int) -> Any:
+    """A Python number given an int out axis becomes an array JAX broadcasts along
+    the mapped axis, as in Equinox; another non-array given one is an error."""
+    if axis is None or is_array(x):
+        return x
+    if isinstance(x, NUMBER_TYPES):
+        return jnp.asarray(x)
+    raise int_out_axis_on_non_array_error(out, index, axis)

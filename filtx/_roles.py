@@ -1,0 +1,296 @@
+"""Roles, the array predicates, the donation modes, and the rule for one leaf.
+
+Every leaf that crosses a boundary is `static`, `traced` or `donate`. This module
+says what each spec value means for one leaf; `_resolve` applies it to a call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from ._errors import SpecError
+
+__all__ = ["Role", "static", "traced", "donate", "is_array", "if_array"]
+
+
+class Role:
+    """What happens to a leaf at a boundary: `filtx.static` (held static, part of
+    the compile-cache key), `filtx.traced` (an argument of the compiled
+    computation, its buffer kept) or `filtx.donate` (traced, and its buffer given
+    to the computation).
+
+    Place a role in `specs=` on a leaf, or on a subtree to give it to the arrays
+    in that subtree.
+
+    !!! example
+
+        ```python
+        import jax.numpy as jnp
+        import filtx
+
+        @filtx.filter_jit(specs={"params": filtx.donate, "n": filtx.traced})
+        def step(params, n):
+            return {k: v * n for k, v in params.items()}
+
+        params = {"w": jnp.ones(2)}
+        new = step(params, 3)  # 3 is traced: another n does not recompile
+        assert params["w"].is_deleted() and float(new["w"][0]) == 3.0
+        ```
+    """
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"filtx.{self.name}"
+
+    def __reduce__(self):
+        return self.name
+
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
+
+
+static = Role("static")
+traced = Role("traced")
+donate = Role("donate")
+
+ARRAY_TYPES = (jax.Array, np.ndarray, np.generic)
+# Tracers pass isinstance(x, jax.Array) but are no subclass of it.
+_ARRAY_CLASSES = ARRAY_TYPES + (jax.core.Tracer,)
+NUMBER_TYPES = (bool, int, float, complex)
+
+
+def is_array(x: Any) -> bool:
+    """Whether `x` is an array: a `jax.Array` (tracers included), a
+    `numpy.ndarray` or a NumPy scalar.
+
+    **Arguments:**
+
+    - `x`: any Python object.
+
+    **Returns:**
+
+    `True` for arrays, `False` for everything else.
+
+    !!! example
+
+        ```python
+        import jax.numpy as jnp
+        import numpy as np
+        import filtx
+
+        assert filtx.is_array(jnp.zeros(3))
+        assert filtx.is_array(np.float32(1.0))
+        assert not filtx.is_array(1.0)
+        ```
+    """
+    return isinstance(x, ARRAY_TYPES)
+
+
+def is_array_type(t: type) -> bool:
+    return issubclass(t, _ARRAY_CLASSES)
+
+
+def _is_number_type(t: type) -> bool:
+    return issubclass(t, NUMBER_TYPES) or is_array_type(t)
+
+
+class if_array:
+    """An axis spec: `axis` for array leaves, `None` for every other leaf.
+
+    **Arguments:**
+
+    - `axis`: the axis (an `int`, negative allowed) that array leaves take.
+
+    **Returns:**
+
+    A callable `leaf -> int | None`, usable in `in_axes` and `out_axes` of
+    `filtx.filter_vmap` and `filtx.filter_pmap`. filtx knows it depends only on
+    the leaf's type, so it is resolved once per tree structure, not per call
+    (as is Equinox's `eqx.if_array`).
+
+    !!! example
+
+        ```python
+        import jax.numpy as jnp
+        import filtx
+
+        axis = filtx.if_array(1)
+        assert axis(jnp.zeros((2, 3))) == 1
+        assert axis("a string") is None
+        ```
+    """
+
+    __slots__ = ("axis",)
+
+    def __init__(self, axis: int):
+        if not isinstance(axis, int) or isinstance(axis, bool):
+            raise TypeError(f"filtx.if_array(axis) needs an int axis, got {axis!r}.")
+        self.axis = axis
+
+    def __call__(self, x: Any) -> int | None:
+        return self.axis if is_array(x) else None
+
+    def __eq__(self, other):
+        return type(other) is if_array and other.axis == self.axis
+
+    def __hash__(self):
+        return hash((if_array, self.axis))
+
+    def __repr__(self):
+        return f"filtx.if_array({self.axis})"
+
+
+def type_only(fn: Callable) -> Callable[[type], Any] | None:
+    """The type-level version of `fn` when its answer depends on the leaf's type
+    alone (filtx's and Equinox's `is_array`, `is_array_like` and `if_array`), so
+    it can be resolved once per tree structure; `None` for any other callable."""
+    axis = if_array_axis(fn)
+    if axis is not None:
+        return lambda t: axis if is_array_type(t) else None
+    module = getattr(fn, "__module__", None) or ""
+    name = getattr(fn, "__name__", None)
+    if fn is is_array or (module.startswith("equinox") and name == "is_array"):
+        return is_array_type
+    if module.startswith("equinox") and name == "is_array_like":
+        return _is_number_type
+    return None
+
+
+def if_array_axis(fn: Any) -> int | None:
+    """The axis of a filtx or Equinox `if_array`, else None."""
+    cls = type(fn)
+    if cls is if_array or (cls.__name__ == "if_array" and cls.__module__.startswith("equinox")):
+        axis = getattr(fn, "axis", None)
+        if isinstance(axis, int) and not isinstance(axis, bool):
+            return axis
+    return None
+
+
+# ---------------------------------------------------------------------------
+# Default modes
+
+
+@dataclasses.dataclass(frozen=True)
+class Mode:
+    """A default mode: which arrays are donated, and what happens to a donated
+    leaf that no output can reuse."""
+
+    name: str
+    donate_first: bool  # arrays of the first bound positional argument
+    donate_rest: bool  # arrays of every other argument and of the function's own pytree
+    show_warnings: bool  # JAX's (or filtx's) unusable-donation warning
+    strict: bool = False  # an unusable donation is an error before anything runs
+
+    @property
+    def donates(self) -> bool:
+        return self.donate_first or self.donate_rest
+
+
+MODES = {
+    "none": Mode("none", False, False, True),
+    "arrays": Mode("arrays", True, True, False),
+    "warn": Mode("warn", True, True, True),
+    "all": Mode("all", True, True, False),
+    "all-except-first": Mode("all-except-first", False, True, False),
+    "warn-except-first": Mode("warn-except-first", False, True, True),
+}
+
+
+def parse_mode(donate: Any) -> Mode:
+    try:
+        return MODES[donate]
+    except (KeyError, TypeError):
+        accepted = ", ".join(repr(m) for m in MODES)
+        raise ValueError(
+            f"donate={donate!r} is not a donation mode. Use one of {accepted}."
+        ) from None
+
+
+# ---------------------------------------------------------------------------
+# One leaf's rule
+
+
+def leaf_role(spec: Any, leaf: Any, exact: bool, dynamic: Role, arrays_may_be_static: bool) -> Role:
+    """The role of one leaf under the spec value that covers it.
+
+    `exact` is true when the spec value was placed on this very leaf (or was
+    returned for it by a callable); `dynamic` is the role `True` means here.
+    Raises `SpecError` (no path yet; the caller adds it) for a role that does
+    not fit the leaf.
+    """
+    array = is_array(leaf)
+    if spec is True:
+        return dynamic if array else static
+    if spec is False:
+        return traced if array and not arrays_may_be_static else static
+    if spec is static:
+        if array and not arrays_may_be_static:
+            raise SpecError(
+                "filtx.static was placed on an array; arrays cannot be static in a "
+                "compiled transformation (they are not hashable). Use filtx.traced "
+                "to keep it, or close over it in the function."
+            )
+        return static
+    if spec is traced:
+        if array or (exact and isinstance(leaf, NUMBER_TYPES)):
+            return traced
+        if exact:
+            raise SpecError(
+                "filtx.traced was placed on a leaf that is neither an array nor a "
+                "Python bool/int/float/complex, so it cannot be traced. Convert it "
+                "to an array, or leave it static."
+            )
+        return static
+    if spec is donate:
+        if array:
+            return donate
+        if exact:
+            raise SpecError(
+                "filtx.donate was placed on a leaf that is not an array; only array "
+                "buffers can be donated. Use filtx.static or filtx.traced for it."
+            )
+        return static
+    raise SpecError(
+        f"a spec leaf must be filtx.static, filtx.traced, filtx.donate, True, False "
+        f"or a callable returning one of those; got {spec!r} of type "
+        f"{type(spec).__name__}."
+    )
+
+
+def is_role_value(x: Any) -> bool:
+    return isinstance(x, (Role, bool))
+
+
+def is_axis_value(a: Any) -> bool:
+    return a is None or a is static or (isinstance(a, int) and not isinstance(a, bool))
+
+
+def is_user_callable(x: Any) -> bool:
+    """A callable spec leaf (roles are not callables here)."""
+    return callable(x) and not isinstance(x, Role)
+
+
+def check_callable_result(fn: Callable, result: Any, allowed: Callable[[Any], bool], what: str) -> None:
+    if allowed(result):
+        return
+    if callable(result):
+        raise SpecError(
+            f"the callable spec {fn!r} returned another callable ({result!r}); "
+            f"it must return {what}."
+        )
+    raise SpecError(
+        f"the callable spec {fn!r} returned {result!r} of type "
+        f"{type(result).__name__}; it must return {what}."
+    )
