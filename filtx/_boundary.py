@@ -26,7 +26,7 @@ from ._errors import (
 )
 from ._explain import CallSignature, explain_new_avals, explain_new_entry, explaining
 from ._gather import first_positions, getter
-from ._plan import Plan, canonical_plan
+from ._plan import Plan, canonical_plan, static_types_of
 from ._resolve import LeafResolver
 
 __all__ = ["Boundary", "Entry", "Split", "flat_function", "unique_paths"]
@@ -96,19 +96,29 @@ class Boundary:
         statics = tuple(compress(leaves, plan.static_mask))
         dynamic = list(compress(leaves, plan.dynamic_mask))
         pattern = None
-        if self.share or plan.any_donated:
+        if plan.any_donated:
+            # A donated buffer standing at several positions is passed (and donated)
+            # once; inside another transformation's trace, nothing is donated.
             try:
-                if self.share:
-                    pattern = _share.shared_pattern(dynamic, plan.axes, plan.any_donated)
-                else:
-                    pattern = _share.donation_pattern(dynamic)
+                keys = _share.buffer_keys(dynamic)
             except PartialAliasing as e:
                 raise partial_aliasing_error((fun, args, kwargs), plan, e) from None
+            if keys is None:
+                plan = plan.undonated()
+                if self.share:
+                    pattern = _share.shared_pattern(list(map(id, dynamic)), plan.axes)
+            elif self.share:
+                pattern = _share.shared_pattern(keys, plan.axes)
+            else:
+                pattern = _share.donation_pattern(keys, plan.donate_mask)
+        elif self.share:
+            pattern = _share.shared_pattern(list(map(id, dynamic)), plan.axes)
         return Split(plan, statics, dynamic, pattern, (fun, args, kwargs))
 
     def _new_plan(self, fun, args, kwargs, treedef, types) -> Plan:
         rules = self.resolver.resolve((fun, args, kwargs))
-        plan = canonical_plan(self.canonical, treedef, rules, types, self.resolver.with_axes, self.lock)
+        static_types = static_types_of(types, rules)
+        plan = canonical_plan(self.canonical, treedef, rules, static_types, self.resolver.with_axes, self.lock)
         return insert_bounded(self.plans, (treedef, types), plan, MAX_PLANS, self.lock)
 
     def prepare(self, fun: Any, args: tuple, kwargs: dict, build: Callable) -> tuple[Entry, list, Split]:

@@ -16,9 +16,9 @@ from ._caches import MAX_PLANS, insert_bounded
 from ._errors import callable_spec_error, call_leaf_paths
 from ._gather import merge_getter
 from ._resolve import Deferred
-from ._roles import Role, donate, static
+from ._roles import Role, donate, static, traced
 
-__all__ = ["Plan", "canonical_plan"]
+__all__ = ["Plan", "canonical_plan", "static_types_of"]
 
 
 class Plan:
@@ -32,11 +32,13 @@ class Plan:
     __slots__ = (
         "treedef", "rules", "with_axes", "canonical", "entries", "deferred", "variants",
         "static_mask", "dynamic_mask", "roles", "donate_mask", "kept_mask", "any_donated",
-        "axes", "merge", "lock", "__weakref__",
+        "axes", "merge", "lock", "static_types", "_undonated", "__weakref__",
     )
 
-    def __init__(self, treedef, rules: list, with_axes: bool, canonical: dict):
+    def __init__(self, treedef, rules: list, with_axes: bool, canonical: dict, static_types: tuple = ()):
         self.treedef = treedef
+        self.static_types = static_types
+        self._undonated = None
         self.rules = rules
         self.with_axes = with_axes
         self.canonical = canonical
@@ -78,19 +80,35 @@ class Plan:
                 except ValueError as e:
                     path = call_leaf_paths(root)[d.index]
                     raise ValueError(f"{path} ({type(leaves[d.index]).__name__}): {e}") from None
-            plan = canonical_plan(self.canonical, self.treedef, rules, tuple(map(type, leaves)), self.with_axes, self.lock)
+            types = static_types_of(tuple(map(type, leaves)), rules)
+            plan = canonical_plan(self.canonical, self.treedef, rules, types, self.with_axes, self.lock)
             insert_bounded(self.variants, key, plan, MAX_PLANS, self.lock)
         return plan
 
+    def undonated(self) -> "Plan":
+        """This plan with every donated leaf traced and kept instead: for calls
+        traced by another transformation, where there is nothing to donate."""
+        if self._undonated is None:
+            rules = [(traced if role is donate else role, axis) for role, axis in self.rules]
+            self._undonated = canonical_plan(
+                self.canonical, self.treedef, rules, self.static_types, self.with_axes, self.lock
+            )
+        return self._undonated
 
-def canonical_plan(canonical: dict, treedef, rules: list, types: tuple, with_axes: bool, lock) -> Plan:
+
+def static_types_of(types: tuple, rules: list) -> tuple:
+    """The types of the static leaves (rules may still hold `Deferred`s)."""
+    return tuple(t for t, r in zip(types, rules) if not isinstance(r, Deferred) and r[0] is static)
+
+
+def canonical_plan(canonical: dict, treedef, rules: list, static_types: tuple, with_axes: bool, lock) -> Plan:
     """The one Plan for (structure, resolved roles and axes, types of the static
     leaves), so calls that resolve alike share compiled entries."""
     if any(isinstance(r, Deferred) for r in rules):
         return Plan(treedef, rules, with_axes, canonical)
-    static_types = tuple(t for t, (role, _) in zip(types, rules) if role is static)
     key = (treedef, tuple(rules), static_types)
     plan = canonical.get(key)
     if plan is None:
-        plan = insert_bounded(canonical, key, Plan(treedef, rules, with_axes, canonical), MAX_PLANS, lock)
+        plan = Plan(treedef, rules, with_axes, canonical, static_types)
+        plan = insert_bounded(canonical, key, plan, MAX_PLANS, lock)
     return plan

@@ -8,6 +8,7 @@ when a donated buffer is aliased (JAX rejects donating one buffer twice).
 
 from __future__ import annotations
 
+from itertools import compress
 from operator import methodcaller
 from typing import Any
 
@@ -28,10 +29,9 @@ def pattern_of(keys: list) -> tuple | None:
     return tuple([first.setdefault(k, len(first)) for k in keys])
 
 
-def shared_pattern(dynamic: list, axes: tuple | None, donating: bool) -> tuple | None:
-    """`share=True`: merge positions holding the same object (with the same axis).
-    When the call donates, array objects over the same buffers count as one."""
-    keys = buffer_keys(dynamic) if donating else list(map(id, dynamic))
+def shared_pattern(keys: list, axes: tuple | None) -> tuple | None:
+    """`share=True`: merge positions whose keys (ids, or buffer keys when the call
+    donates) are equal, and whose axes are equal."""
     if axes is None:
         return pattern_of(keys)
     return pattern_of(list(zip(keys, axes)))
@@ -40,15 +40,19 @@ def shared_pattern(dynamic: list, axes: tuple | None, donating: bool) -> tuple |
 _buffer_pointer = methodcaller("unsafe_buffer_pointer")
 
 
-def buffer_keys(values: list) -> list:
+def buffer_keys(values: list) -> list | None:
     """Per value, what identifies its device buffers: distinct `jax.Array` objects
     over the same buffers get equal keys. Single-device arrays: the buffer's
-    address; sharded arrays: the addresses of every shard; anything else (NumPy
-    arrays, tracers): the object's id."""
+    address; sharded arrays: the addresses of every shard; NumPy arrays: the
+    object's id. `None` when a value is a tracer: the call is being traced by
+    another transformation, and has no buffers to donate."""
     try:
         return list(map(_buffer_pointer, values))  # all single-device: one C-level pass
     except Exception:
-        keys = [_buffer_key(x) for x in values]
+        pass
+    if any(isinstance(x, jax.core.Tracer) for x in values):
+        return None
+    keys = [_buffer_key(x) for x in values]
     _check_partial_aliasing(keys)
     return keys
 
@@ -67,13 +71,18 @@ def _buffer_key(x) -> Any:
     return id(x)
 
 
-def donation_pattern(dynamic: list) -> tuple | None:
-    """With share=False and something donated: a pattern only when a donated
-    buffer also stands at another position (as the same object, or as another
-    array object over the same buffers). Positions holding one buffer are
-    merged, so it is passed once (and donated once, or kept if any keeps it);
-    JAX would refuse the call, or XLA crash, otherwise."""
-    return pattern_of(buffer_keys(dynamic))
+def donation_pattern(keys: list, donate_mask: tuple) -> tuple | None:
+    """With share=False: merge the positions of a buffer that is donated at one of
+    them, so it is passed once (and donated once, or kept if any position keeps
+    it); JAX would refuse the call, or XLA crash, otherwise. Other positions
+    stay distinct."""
+    if len(set(keys)) == len(keys):
+        return None
+    donated = set(compress(keys, donate_mask))
+    return pattern_of([k if k in donated else (_DISTINCT, i) for i, k in enumerate(keys)])
+
+
+_DISTINCT = object()
 
 
 def _check_partial_aliasing(keys: list) -> None:
