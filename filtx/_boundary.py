@@ -8,6 +8,7 @@ the entry; the sharing pass only when asked for or when the plan donates.
 
 from __future__ import annotations
 
+import inspect
 import threading
 from itertools import compress
 from typing import Any, Callable, NamedTuple
@@ -161,7 +162,7 @@ def unique_paths(root: Any, plan: Plan, pattern: tuple | None) -> list[str]:
     return paths if pattern is None else [paths[i] for i in first_positions(pattern)]
 
 
-def flat_function(split: Split, body: Callable, name: str, transform: str) -> Callable:
+def flat_function(split: Split, body: Callable, name: str, transform: str, source: Callable | None = None) -> Callable:
     """`flat(*unique_dynamic) -> body(fun, args, kwargs, dynamic)`: the call rebuilt
     inside the trace, refusing arguments the function changed in place. It keeps
     the split's plan, static leaves and pattern, never its arguments."""
@@ -184,9 +185,17 @@ def flat_function(split: Split, body: Callable, name: str, transform: str) -> Ca
         _check_unchanged(root, leaves, plan, transform)
         return out
 
-    flat.__name__ = getattr(name, "rsplit", lambda *_: [name])(".", 1)[-1]
+    flat.__name__ = name.rsplit(".", 1)[-1]
     flat.__qualname__ = name
+    # JAX names the flat arguments `dynamic[i]` (filtx renames them on error) and
+    # places errors at the user's code, found through `__wrapped__`.
+    flat.__signature__ = _FLAT_SIGNATURE
+    if source is not None:
+        flat.__wrapped__ = source
     return flat
+
+
+_FLAT_SIGNATURE = inspect.Signature([inspect.Parameter("dynamic", inspect.Parameter.VAR_POSITIONAL)])
 
 
 def _check_unchanged(root: Any, passed: tuple, plan: Plan, transform: str) -> None:

@@ -53,7 +53,7 @@ class _JitWrapper(Wrapper):
         def body(fun, args, kwargs, dynamic):
             return pack_outputs(fun(*args, **kwargs), share, inputs=dynamic)
 
-        flat = flat_function(split, body, self.name, self.transform)
+        flat = flat_function(split, body, self.name, self.transform, self.source)
         donate_argnums = tuple(i for i, d in enumerate(donated) if d)
         jitted = jax.jit(flat, donate_argnums=donate_argnums, **self._jitkwargs)
         call = quietly(jitted) if self._quiet else jitted

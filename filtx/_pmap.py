@@ -97,7 +97,7 @@ class _PmapWrapper(Wrapper):
         def body(fun, args, kwargs, dynamic):
             return pack_outputs(fun(*args, **kwargs), share, out_axes.per_leaf, dynamic)
 
-        flat = flat_function(split, body, self.name, self.transform)
+        flat = flat_function(split, body, self.name, self.transform, self.source)
         stand = None
         if self._axis_size is not None and all(a is None for a in axes):
             stand = stand_in(self._axis_size)  # JAX needs a mapped input
@@ -134,8 +134,12 @@ class _PmapWrapper(Wrapper):
             )
 
         if not self._out_axes.needs_evaluation:
-            fixed = pmapped(make_run(None), self._out_axes.translated)
-            select = lambda *unique: fixed  # noqa: E731
+            by_config = BoundedCache()  # jax.pmap's own cache ignores configuration changes
+
+            def select(*unique):
+                return by_config.get_or_build(
+                    config_key(), lambda: pmapped(make_run(None), self._out_axes.translated)
+                )
         else:
             by_signature = BoundedCache()
 

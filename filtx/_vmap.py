@@ -89,6 +89,7 @@ class _VmapWrapper(Wrapper):
             raise donation_in_mapped_error(f"{path} is marked filtx.donate, but ")
         out_axes, share = self._out_axes, self._share
         split = split._replace(dynamic=None, root=None)  # keep no argument alive
+        source = self.source
 
         def make_flat(prefix, structured: bool = True) -> Callable:
             """The flat function whose outputs are packed for the out-axes tree
@@ -98,7 +99,7 @@ class _VmapWrapper(Wrapper):
             def body(fun, args, kwargs, dynamic):
                 return pack_outputs(fun(*args, **kwargs), share, axes_of, dynamic)
 
-            return flat_function(split, body, self.name, self.transform)
+            return flat_function(split, body, self.name, self.transform, source)
 
         entry = _VmapEntry(None, plan, split.pattern)
         entry.make_flat = make_flat

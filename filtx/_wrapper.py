@@ -1,0 +1,233 @@
+"""What every transform wrapper shares: the decorator forms, option validation,
+naming, binding as a method, equality and hashing, copying, the wrapper as a
+pytree (so a wrapped Module's arrays are traced by an enclosing transform), and
+dispatch to a compiled entry.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import inspect
+import types
+from operator import methodcaller
+from typing import Any, Callable
+
+import jax
+
+from ._boundary import Entry, Split, unique_paths
+from ._caches import code_owner, is_table_attribute, shared_by_code
+from ._errors import owned_option_error, rename_dynamic, unknown_option_error, deleted_array_error
+from ._signature import signature_key
+
+__all__ = ["Wrapper", "freeze", "check_options", "as_pytree", "fun_donates", "dispatch"]
+
+
+def as_pytree(fun: Callable) -> Any:
+    """The function as a pytree whose leaves are what it closes over by value:
+    a `functools.partial`'s arguments and a bound method's `self` become leaves,
+    so their arrays are traced (or donated) rather than baked in as constants."""
+    if type(fun) is functools.partial:
+        return jax.tree_util.Partial(fun.func, *fun.args, **fun.keywords)
+    if isinstance(fun, types.MethodType):
+        return jax.tree_util.Partial(fun.__func__, fun.__self__)
+    return fun
+
+
+def fun_donates(fun: Callable) -> bool:
+    """Whether the function's own arrays follow a donating mode. A
+    `functools.partial`'s arguments are fixed when it is wrapped, so donating
+    them would break the second call: they are traced and kept, as Equinox
+    keeps them."""
+    return type(fun) is not functools.partial
+
+
+def freeze(tree: Any) -> Any:
+    """A hashable form of an option pytree (specs, axes, kwargs), or a fresh
+    object when it has unhashable leaves (so it is shared with nothing)."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=lambda x: x is None)
+    key = (treedef, tuple((type(x), x) for x in leaves))
+    try:
+        hash(key)
+    except TypeError:
+        return object()
+    return key
+
+
+def check_options(transform: str, own: list[str], passthrough: Callable, extra: dict, owned: tuple = ()) -> None:
+    """Refuse, when wrapping, keywords that neither filtx nor `passthrough` take,
+    and those of `passthrough`'s that filtx owns."""
+    taken = [k for k in owned if k in extra]
+    if taken:
+        raise owned_option_error(transform, taken)
+    accepted = set(inspect.signature(passthrough).parameters)
+    for name in extra:
+        if name not in accepted:
+            raise unknown_option_error(transform, name, own, f"jax.{passthrough.__name__}")
+
+
+def _name(fun: Any) -> str:
+    return getattr(fun, "__qualname__", None) or type(fun).__qualname__
+
+
+class Wrapper:
+    """The base of every transform's wrapper. Subclasses set `transform` and
+    implement `__call__`; `options` is everything besides the function that
+    decides how a call is handled, hashable where the user's options are."""
+
+    transform = "transform"
+
+    def __init__(self, fun: Callable, options: tuple):
+        self._fun = as_pytree(fun)
+        self._given = fun
+        self._options = options
+        for attribute in ("__module__", "__name__", "__qualname__", "__doc__"):
+            try:
+                value = getattr(fun, attribute)
+            except AttributeError:
+                continue
+            object.__setattr__(self, attribute, value)
+        for key, value in getattr(fun, "__dict__", {}).items():
+            if not is_table_attribute(key) and not key.startswith("_filtx"):
+                self.__dict__.setdefault(key, value)
+
+    def _shared(self, make: Callable[[], Any]) -> Any:
+        """The compile state for this wrapper: shared with every wrapper whose
+        function has the same code, signature, own structure, and options."""
+        fun = self._given
+        key = (
+            self.transform,
+            self._options,
+            signature_key(fun),
+            fun_donates(fun),
+            type(fun) if not isinstance(fun, (types.FunctionType, types.MethodType, functools.partial)) else None,
+        )
+        return shared_by_code(fun, key, make)
+
+    @property
+    def __wrapped__(self) -> Callable:
+        return self._given
+
+    @property
+    def name(self) -> str:
+        return _name(self._given)
+
+    @property
+    def source(self) -> Callable | None:
+        """The Python function whose code runs (for JAX's error locations); never
+        an object that holds arrays, so caches keep nothing alive."""
+        owner = code_owner(self._given)
+        if isinstance(owner, type):
+            owner = getattr(owner, "__call__", None)
+        return owner if isinstance(owner, types.FunctionType) else None
+
+    # -- the wrapper as a pytree ---------------------------------------------------
+
+    def _with_fun(self, fun: Any) -> "Wrapper":
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        new._fun = fun
+        new._given = fun if fun is not self._fun else self._given
+        return new
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        jax.tree_util.register_pytree_node(cls, _flatten, _unflatten)
+
+    # -- binding, equality, copying --------------------------------------------------
+
+    def __get__(self, instance, owner=None):
+        if instance is None:
+            return self
+        return jax.tree_util.Partial(self, instance)
+
+    def __eq__(self, other):
+        if type(other) is not type(self) or other._options != self._options:
+            return False
+        if other._fun is self._fun:
+            return True
+        try:
+            return bool(other._fun == self._fun)
+        except Exception:
+            return False
+
+    def __hash__(self):
+        try:
+            return hash((type(self), self._options, self._fun))
+        except TypeError:
+            return hash((type(self), self._options))
+
+    def __copy__(self):
+        return self._with_fun(self._fun)
+
+    def __deepcopy__(self, memo):
+        fun = copy.deepcopy(self._fun, memo)
+        return self._with_fun(fun)
+
+    def __repr__(self):
+        return f"<filtx.{self.transform} of {self._given!r}>"
+
+
+class _Aux:
+    """A wrapper without its function: the aux data of the wrapper as a pytree."""
+
+    __slots__ = ("wrapper",)
+
+    def __init__(self, wrapper: Wrapper):
+        self.wrapper = wrapper
+
+    def __eq__(self, other):
+        return (
+            type(other) is _Aux
+            and type(other.wrapper) is type(self.wrapper)
+            and other.wrapper._options == self.wrapper._options
+        )
+
+    def __hash__(self):
+        return hash((type(self.wrapper), self.wrapper._options))
+
+
+def _flatten(wrapper: Wrapper):
+    return (wrapper._fun,), _Aux(wrapper)
+
+
+def _unflatten(aux: _Aux, children) -> Wrapper:
+    return aux.wrapper._with_fun(children[0])
+
+
+# ---------------------------------------------------------------------------
+# Dispatch
+
+
+_is_deleted = methodcaller("is_deleted")
+
+
+def any_deleted(values: list) -> bool:
+    """Whether an array among `values` was deleted (by donation): one C-level pass
+    when all are `jax.Array`s, a careful loop otherwise (NumPy arrays, tracers)."""
+    try:
+        return any(map(_is_deleted, values))
+    except Exception:
+        return any(
+            isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) and x.is_deleted() for x in values
+        )
+
+
+def dispatch(call: Callable, dynamic: list, split: Split, entry: Entry) -> Any:
+    """Call a compiled entry; on failure, name the user's paths where JAX names
+    filtx's flat arguments, and name arrays used after donation.
+
+    Entries that ask for it (`entry.refuse_deleted`) refuse deleted arrays
+    before dispatch: XLA's runtime can crash on a deleted buffer spread over
+    several devices instead of raising."""
+    if entry.refuse_deleted and any_deleted(dynamic):
+        raise deleted_array_error(split.root)
+    try:
+        return call(*dynamic)
+    except Exception as e:
+        if "deleted" in str(e):
+            error = deleted_array_error(split.root)
+            if error is not None:
+                raise error from e
+        rename_dynamic(e, unique_paths(split.root, split.plan, split.pattern))
+        raise
