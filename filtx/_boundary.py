@@ -20,6 +20,7 @@ from ._caches import MAX_ENTRIES_PER_PLAN, MAX_PLANS, insert_bounded, register
 from ._errors import (
     PartialAliasing,
     call_leaf_paths,
+    deleted_array_error,
     dynamic_paths,
     mutated_argument_error,
     partial_aliasing_error,
@@ -32,6 +33,12 @@ from ._resolve import LeafResolver
 
 __all__ = ["Boundary", "Entry", "Split", "flat_function", "unique_paths"]
 
+try:
+    from jax._src.core import trace_state_clean as top_level
+except ImportError:  # pragma: no cover - then tracers are found among the leaves
+    def top_level() -> bool:
+        return True
+
 
 class Split(NamedTuple):
     """One call, split by its plan."""
@@ -41,6 +48,7 @@ class Split(NamedTuple):
     dynamic: list  # the dynamic leaves, in order
     pattern: tuple | None  # the sharing pattern over `dynamic`, or None
     root: tuple  # (fun, args, kwargs), the arguments bound to the function's positions
+    checked: bool = True  # donated buffers checked for aliasing here (else JAX's runtime refuses it)
 
 
 class Entry:
@@ -69,22 +77,30 @@ class Boundary:
     - `name`: the function's name, for explanations.
     - `unhashable_statics`: whether static leaves may be unhashable (an array
         held static by `filter_vmap`); such calls build an entry that is not cached.
+    - `runtime_refuses_aliasing`: whether, on a single device, JAX's runtime refuses
+        a call that donates an aliased buffer before running anything (`jax.jit`
+        does), so that filtx checks buffers only when it does not.
     """
 
-    def __init__(self, resolver: LeafResolver, share: bool, name: str = "fun", unhashable_statics: bool = False):
+    def __init__(
+        self, resolver: LeafResolver, share: bool, name: str = "fun", unhashable_statics: bool = False,
+        runtime_refuses_aliasing: bool = False,
+    ):
         self.resolver = resolver
         self.share = share
         self.name = name
         self.unhashable_statics = unhashable_statics
+        self.runtime_refuses_aliasing = runtime_refuses_aliasing
         self.plans: dict = {}
         self.canonical: dict = {}
         self.lock = threading.Lock()
         self.last_signature: CallSignature | None = None
         register(self)
 
-    def split(self, fun: Any, args: tuple, kwargs: dict) -> Split:
+    def split(self, fun: Any, args: tuple, kwargs: dict, check_buffers: bool = False) -> Split:
         """One call, split. The hot path. `fun` is the function's own pytree (a
-        callable Module's arrays, a partial's arguments), flattened with the call."""
+        callable Module's arrays, a partial's arguments), flattened with the call.
+        `check_buffers` checks donated buffers for aliasing even where JAX would."""
         if kwargs and self.resolver.specs.needs_binding(kwargs):
             args, kwargs = self.resolver.specs.bind(args, kwargs)
         leaves, treedef = jax.tree_util.tree_flatten((fun, args, kwargs))
@@ -98,23 +114,42 @@ class Boundary:
         dynamic = list(compress(leaves, plan.dynamic_mask))
         pattern = None
         if plan.any_donated:
-            # A donated buffer standing at several positions is passed (and donated)
-            # once; inside another transformation's trace, nothing is donated.
-            try:
-                keys = _share.buffer_keys(dynamic)
-            except PartialAliasing as e:
-                raise partial_aliasing_error((fun, args, kwargs), plan, e) from None
-            if keys is None:
+            if not top_level():  # traced by another transformation: nothing to donate
                 plan = plan.undonated()
-                if self.share:
-                    pattern = _share.shared_pattern(list(map(id, dynamic)), plan.axes)
-            elif self.share:
-                pattern = _share.shared_pattern(keys, plan.axes)
+            elif (
+                not (check_buffers or self.share or plan.aliased)
+                and self.runtime_refuses_aliasing
+                and len(set(map(id, dynamic))) == len(dynamic)
+                and _share.single_device_call(dynamic)
+            ):
+                # One device, no object twice: JAX's runtime refuses distinct array
+                # objects over one buffer before running, and dispatch splits again.
+                return Split(plan, statics, dynamic, None, (fun, args, kwargs), False)
             else:
-                pattern = _share.donation_pattern(keys, plan.donate_mask)
-        elif self.share:
+                return self._donation_split(plan, statics, dynamic, (fun, args, kwargs))
+        if self.share:
             pattern = _share.shared_pattern(list(map(id, dynamic)), plan.axes)
         return Split(plan, statics, dynamic, pattern, (fun, args, kwargs))
+
+    def _donation_split(self, plan: Plan, statics: tuple, dynamic: list, root: tuple) -> Split:
+        """A donated buffer standing at several positions (as one object, or as
+        several array objects over the same buffers) is passed and donated once.
+        Deleted arrays are refused here: on several devices, XLA's runtime can
+        crash on one instead of raising."""
+        if _share.any_deleted(dynamic):
+            raise deleted_array_error(root)
+        try:
+            keys = _share.buffer_keys(dynamic)
+        except PartialAliasing as e:
+            raise partial_aliasing_error(root, plan, e) from None
+        if keys is None:  # a tracer among the leaves: traced by another transformation
+            plan = plan.undonated()
+            pattern = _share.shared_pattern(list(map(id, dynamic)), plan.axes) if self.share else None
+        elif self.share:
+            pattern = _share.shared_pattern(keys, plan.axes)
+        else:
+            pattern = _share.donation_pattern(keys, plan.donate_mask)
+        return Split(plan, statics, dynamic, pattern, root)
 
     def _new_plan(self, fun, args, kwargs, treedef, types) -> Plan:
         rules = self.resolver.resolve((fun, args, kwargs))
@@ -122,12 +157,14 @@ class Boundary:
         plan = canonical_plan(self.canonical, treedef, rules, static_types, self.resolver.with_axes, self.lock)
         return insert_bounded(self.plans, (treedef, types), plan, MAX_PLANS, self.lock)
 
-    def prepare(self, fun: Any, args: tuple, kwargs: dict, build: Callable) -> tuple[Entry, list, Split]:
+    def prepare(
+        self, fun: Any, args: tuple, kwargs: dict, build: Callable, check_buffers: bool = False
+    ) -> tuple[Entry, list, Split]:
         """`(entry, unique dynamic values, split)` for one call. The hot path.
 
         `build(split)` makes an `Entry` on a cache miss.
         """
-        split = self.split(fun, args, kwargs)
+        split = self.split(fun, args, kwargs, check_buffers)
         plan = split.plan
         try:
             entry = plan.entries[split.statics, split.pattern]

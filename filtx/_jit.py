@@ -37,13 +37,15 @@ class _JitWrapper(Wrapper):
         self._quiet = mode.donates and not mode.show_warnings
         self._boundary = self._shared(
             lambda: Boundary(
-                LeafResolver(fun, mode=mode, specs=specs, fun_donates=fun_donates(fun)), share, self.name
+                LeafResolver(fun, mode=mode, specs=specs, fun_donates=fun_donates(fun)), share, self.name,
+                runtime_refuses_aliasing=True,
             )
         )
+        self._recheck = functools.partial(self._boundary.prepare, build=self._build, check_buffers=True)
 
     def __call__(self, /, *args, **kwargs):
         entry, dynamic, split = self._boundary.prepare(self._fun, args, kwargs, self._build)
-        return unpack(*dispatch(entry.call, dynamic, split, entry))
+        return unpack(*dispatch(entry.call, dynamic, split, entry, self._recheck))
 
     def _build(self, split: Split) -> Entry:
         plan, pattern = split.plan, split.pattern
@@ -57,7 +59,7 @@ class _JitWrapper(Wrapper):
         donate_argnums = tuple(i for i, d in enumerate(donated) if d)
         jitted = jax.jit(flat, donate_argnums=donate_argnums, **self._jitkwargs)
         call = quietly(jitted) if self._quiet else jitted
-        return Entry(call, plan, pattern, lower=jitted.lower, refuse_deleted=plan.any_donated)
+        return Entry(call, plan, pattern, lower=jitted.lower)
 
     def lower(self, /, *args, **kwargs) -> Lowered:
         """Lower for these arguments (ahead-of-time compilation).

@@ -47,4 +47,4 @@ class Compiled:
                 "`.lower(...)` again for these arguments, or call the wrapped "
                 "function itself."
             )
-        return wrapper._finish(dispatch(self.compiled, dynamic, split, entry))
+        return wrapper._finish(dispatch(self.compiled, dynamic, split, entry, getattr(wrapper, "_recheck", None)))

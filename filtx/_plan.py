@@ -32,13 +32,14 @@ class Plan:
     __slots__ = (
         "treedef", "rules", "with_axes", "canonical", "entries", "deferred", "variants",
         "static_mask", "dynamic_mask", "roles", "donate_mask", "kept_mask", "any_donated",
-        "axes", "merge", "lock", "static_types", "_undonated", "__weakref__",
+        "axes", "merge", "lock", "static_types", "_undonated", "aliased", "__weakref__",
     )
 
     def __init__(self, treedef, rules: list, with_axes: bool, canonical: dict, static_types: tuple = ()):
         self.treedef = treedef
         self.static_types = static_types
         self._undonated = None
+        self.aliased = False  # a call of this plan donated aliased buffers: check them before each call
         self.rules = rules
         self.with_axes = with_axes
         self.canonical = canonical

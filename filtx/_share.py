@@ -9,10 +9,11 @@ when a donated buffer is aliased (JAX rejects donating one buffer twice).
 from __future__ import annotations
 
 from itertools import compress
-from operator import methodcaller
+from operator import attrgetter, methodcaller
 from typing import Any
 
 import jax
+from jax.sharding import SingleDeviceSharding
 
 from ._errors import PartialAliasing
 from ._gather import first_positions, getter
@@ -38,6 +39,53 @@ def shared_pattern(keys: list, axes: tuple | None) -> tuple | None:
 
 
 _buffer_pointer = methodcaller("unsafe_buffer_pointer")
+
+
+_single_device_process: list = []
+
+
+def single_device_call(dynamic: list) -> bool:
+    """Whether this call can only run on one device, where JAX's runtime refuses a
+    donation of aliased buffers cleanly, before running anything (on several
+    devices XLA may crash instead). One process with one device; or a first leaf
+    committed to one device (committed leaves must share its device); or every
+    leaf on a single device."""
+    if not _single_device_process:
+        _single_device_process.append(jax.device_count() == 1)
+    if _single_device_process[0]:
+        return True
+    try:
+        first = dynamic[0]
+        if first._committed and type(first.sharding) is SingleDeviceSharding:
+            return True
+        return all(type(s) is SingleDeviceSharding for s in map(_sharding, dynamic))
+    except (AttributeError, IndexError):  # NumPy arrays: not placed yet
+        return False
+
+
+_sharding = attrgetter("sharding")
+
+
+_is_deleted = methodcaller("is_deleted")
+
+
+def any_deleted(values: list) -> bool:
+    """Whether an array among `values` was deleted (by donation): one C-level pass
+    when all are `jax.Array`s, a careful loop otherwise (NumPy arrays, tracers)."""
+    try:
+        return any(map(_is_deleted, values))
+    except Exception:
+        return any(
+            isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) and x.is_deleted() for x in values
+        )
+
+
+def refused_aliasing(error: Exception) -> bool:
+    """JAX's runtime refused a donation of aliased buffers (before running)."""
+    if not isinstance(error, (jax.errors.JaxRuntimeError, ValueError)):  # ValueError: JAX's C++ path
+        return False
+    text = str(error)
+    return "same buffer twice" in text or ("same call to Execute()" in text and "donat" in text)
 
 
 def buffer_keys(values: list) -> list | None:

@@ -10,7 +10,6 @@ import copy
 import functools
 import inspect
 import types
-from operator import methodcaller
 from typing import Any, Callable
 
 import jax
@@ -18,6 +17,7 @@ import jax
 from ._boundary import Entry, Split, unique_paths
 from ._caches import code_owner, is_table_attribute, shared_by_code
 from ._errors import owned_option_error, rename_dynamic, unknown_option_error, deleted_array_error
+from ._share import any_deleted, refused_aliasing
 from ._signature import signature_key
 
 __all__ = ["Wrapper", "freeze", "check_options", "as_pytree", "fun_donates", "dispatch"]
@@ -199,32 +199,25 @@ def _unflatten(aux: _Aux, children) -> Wrapper:
 # Dispatch
 
 
-_is_deleted = methodcaller("is_deleted")
-
-
-def any_deleted(values: list) -> bool:
-    """Whether an array among `values` was deleted (by donation): one C-level pass
-    when all are `jax.Array`s, a careful loop otherwise (NumPy arrays, tracers)."""
-    try:
-        return any(map(_is_deleted, values))
-    except Exception:
-        return any(
-            isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) and x.is_deleted() for x in values
-        )
-
-
-def dispatch(call: Callable, dynamic: list, split: Split, entry: Entry) -> Any:
+def dispatch(call: Callable, dynamic: list, split: Split, entry: Entry, recheck: Callable | None = None) -> Any:
     """Call a compiled entry; on failure, name the user's paths where JAX names
     filtx's flat arguments, and name arrays used after donation.
 
     Entries that ask for it (`entry.refuse_deleted`) refuse deleted arrays
     before dispatch: XLA's runtime can crash on a deleted buffer spread over
-    several devices instead of raising."""
+    several devices instead of raising. A call whose donated buffers were left
+    for JAX to check (`split.checked` false: one device) and that JAX refused
+    for aliasing (before running anything) is split again by buffer, through
+    `recheck(fun, args, kwargs) -> (entry, dynamic, split)`, and called again."""
     if entry.refuse_deleted and any_deleted(dynamic):
         raise deleted_array_error(split.root)
     try:
         return call(*dynamic)
     except Exception as e:
+        if recheck is not None and not split.checked and refused_aliasing(e):
+            split.plan.aliased = True
+            entry, dynamic, split = recheck(*split.root)
+            return dispatch(entry.call, dynamic, split, entry)
         if "deleted" in str(e):
             error = deleted_array_error(split.root)
             if error is not None:
