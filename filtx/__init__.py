@@ -21,7 +21,8 @@ them, never importing each other):
 - `_wrapper`: what every wrapper shares (decorators, binding, equality, dispatch)
 - `_lowering`: `.lower()` / `.compile()`
 - `_mapped`: what the mapped transforms share
-- `_donation`: donation warnings
+- `_donation`: which donated buffers an output reuses; warnings and the strict mode
+- `_donation_report`: `donation_report`
 - `_errors`: every user-facing message; `_explain`: explained retraces
 - `_jit`, `_vmap`, `_pmap`: the transforms
 """
@@ -31,6 +32,8 @@ import os as _os
 from jax._src import traceback_util as _traceback_util
 
 from ._caches import clear_caches
+from ._donation import UnusableDonationWarning
+from ._donation_report import DonationReport, DonationRow, donation_report
 from ._jit import filter_jit
 from ._pmap import filter_pmap
 from ._roles import donate, if_array, is_array, static, traced
@@ -55,4 +58,8 @@ __all__ = [
     "reshare",
     "SharingPattern",
     "clear_caches",
+    "donation_report",
+    "DonationReport",
+    "DonationRow",
+    "UnusableDonationWarning",
 ]

@@ -26,6 +26,7 @@ from ._errors import (
     partial_aliasing_error,
     unhashable_static_error,
 )
+from ._donation import check_donations, out_avals_of
 from ._explain import CallSignature, explain_new_avals, explain_new_entry, explaining
 from ._gather import first_positions, getter
 from ._plan import Plan, canonical_plan, static_types_of
@@ -199,16 +200,23 @@ def unique_paths(root: Any, plan: Plan, pattern: tuple | None) -> list[str]:
     return paths if pattern is None else [paths[i] for i in first_positions(pattern)]
 
 
-def flat_function(split: Split, body: Callable, name: str, transform: str, source: Callable | None = None) -> Callable:
+def flat_function(
+    split: Split, body: Callable, name: str, transform: str, source: Callable | None = None,
+    donation: tuple | None = None,
+) -> Callable:
     """`flat(*unique_dynamic) -> body(fun, args, kwargs, dynamic)`: the call rebuilt
     inside the trace, refusing arguments the function changed in place. It keeps
-    the split's plan, static leaves and pattern, never its arguments."""
+    the split's plan, static leaves and pattern, never its arguments.
+
+    `donation=(mode, donated)` (one flag per unique value) checks, once per
+    trace, which donated buffers an output can reuse (see `_donation`)."""
     plan, statics, pattern = split.plan, split.statics, split.pattern
     del split
     expand = None if pattern is None else getter(pattern)
     last_avals: list = []
 
     def flat(*dynamic):
+        unique = dynamic
         if expand is not None:
             dynamic = expand(dynamic)
         leaves = plan.merge(statics + tuple(dynamic))
@@ -220,6 +228,12 @@ def flat_function(split: Split, body: Callable, name: str, transform: str, sourc
         fun, args, kwargs = root
         out = body(fun, args, kwargs, dynamic)
         _check_unchanged(root, leaves, plan, transform)
+        if donation is not None:
+            mode, donated = donation
+            check_donations(
+                mode, [jax.typeof(x) for x in unique], donated, out_avals_of(out[0]),
+                lambda: unique_paths(root, plan, pattern), out[1],
+            )
         return out
 
     flat.__name__ = name.rsplit(".", 1)[-1]

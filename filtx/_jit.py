@@ -9,8 +9,7 @@ from typing import Any, Literal, TypeVar, overload
 import jax
 
 from ._boundary import Boundary, Entry, Split, flat_function
-from ._donation import quietly
-from ._lowering import Lowered
+from ._lowering import Lowered, lowering
 from ._outputs import pack_outputs, unpack
 from ._resolve import LeafResolver
 from ._roles import parse_mode
@@ -20,7 +19,7 @@ from ._wrapper import Wrapper, check_options, dispatch, freeze, fun_donates
 __all__ = ["filter_jit"]
 
 _F = TypeVar("_F", bound=Callable)
-DonateMode = Literal["none", "arrays", "warn", "all", "all-except-first", "warn-except-first"]
+DonateMode = Literal["none", "arrays", "warn", "strict", "all", "all-except-first", "warn-except-first"]
 
 _OWN = ["fun", "donate", "specs", "share"]
 _OWNED_BY_FILTX = ("static_argnums", "static_argnames", "donate_argnums", "donate_argnames")
@@ -34,7 +33,7 @@ class _JitWrapper(Wrapper):
         super().__init__(fun, (mode, share, freeze(specs), freeze(jitkwargs)))
         self._share = share
         self._jitkwargs = jitkwargs
-        self._quiet = mode.donates and not mode.show_warnings
+        self._mode = mode
         self._boundary = self._shared(
             lambda: Boundary(
                 LeafResolver(fun, mode=mode, specs=specs, fun_donates=fun_donates(fun)), share, self.name,
@@ -55,11 +54,11 @@ class _JitWrapper(Wrapper):
         def body(fun, args, kwargs, dynamic):
             return pack_outputs(fun(*args, **kwargs), share, inputs=dynamic)
 
-        flat = flat_function(split, body, self.name, self.transform, self.source)
         donate_argnums = tuple(i for i, d in enumerate(donated) if d)
+        donation = (self._mode, list(donated)) if donate_argnums else None
+        flat = flat_function(split, body, self.name, self.transform, self.source, donation)
         jitted = jax.jit(flat, donate_argnums=donate_argnums, **self._jitkwargs)
-        call = quietly(jitted) if self._quiet else jitted
-        return Entry(call, plan, pattern, lower=jitted.lower)
+        return Entry(jitted, plan, pattern, lower=lowering(jitted.lower))
 
     def lower(self, /, *args, **kwargs) -> Lowered:
         """Lower for these arguments (ahead-of-time compilation).

@@ -5,9 +5,24 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._donation import hidden_depth, show_jax_warning
 from ._wrapper import dispatch
 
-__all__ = ["Lowered", "Compiled"]
+__all__ = ["Lowered", "Compiled", "lowering"]
+
+
+def lowering(lower):
+    """`lower(*dynamic)`, hiding JAX's unusable-donation warning while it runs as a
+    call does (filtx's own check runs when it traces)."""
+
+    def lowered(*dynamic):
+        depth = hidden_depth()
+        try:
+            return lower(*dynamic)
+        finally:
+            show_jax_warning(depth)
+
+    return lowered
 
 
 class Lowered:

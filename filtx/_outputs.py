@@ -32,10 +32,11 @@ class OutputInfo:
     """How to rebuild one trace's output. Compared by identity: it rides in a
     treedef's aux data, where JAX may hash or compare it."""
 
-    __slots__ = ("treedef", "statics", "merge", "expand", "take", "direct")
+    __slots__ = ("treedef", "statics", "merge", "expand", "take", "direct", "positions")
 
-    def __init__(self, treedef, statics: tuple, merge, expand, take, direct: bool):
+    def __init__(self, treedef, statics: tuple, merge, expand, take, direct: bool, positions: list):
         self.treedef = treedef
+        self.positions = positions  # the leaf position of every unique array output
         self.statics = statics  # the non-array outputs, in order
         self.merge = merge  # getter over statics + arrays, restoring leaf order
         self.expand = expand  # getter restoring shared array positions, or None
@@ -96,11 +97,11 @@ def pack_outputs(
     merge = merge_getter([not m for m in mask])
     if axes is None:
         arrays = [leaves[i] for i in unique]
-        info = OutputInfo(treedef, statics, merge, expand, None, not statics and pattern is None)
+        info = OutputInfo(treedef, statics, merge, expand, None, not statics and pattern is None, unique)
     else:
         chosen = set(unique)
         arrays = treedef.unflatten([x if i in chosen else None for i, x in enumerate(leaves)])
-        info = OutputInfo(treedef, statics, merge, expand, getter(unique), False)
+        info = OutputInfo(treedef, statics, merge, expand, getter(unique), False, unique)
     return arrays, Carrier(info)
 
 

@@ -17,9 +17,8 @@ from jax.extend.core import jaxpr_as_fun
 
 from ._boundary import Boundary, Entry, Split, flat_function, unique_paths
 from ._caches import BoundedCache
-from ._donation import quietly
 from ._errors import device_count_error, in_axes_error, unmapped_outputs_error
-from ._lowering import Lowered
+from ._lowering import Lowered, lowering
 from ._mapped import mapped_unique, stand_in
 from ._out_specs import OutAxes, config_key
 from ._outputs import pack_outputs, unpack
@@ -66,7 +65,7 @@ class _PmapWrapper(Wrapper):
         self._backend = backend
         self._share = share
         self._pmapkwargs = pmapkwargs
-        self._quiet = mode.donates and not mode.show_warnings
+        self._mode = mode
 
     def __call__(self, /, *args, **kwargs):
         entry, dynamic, split = self._boundary.prepare(self._fun, args, kwargs, self._build)
@@ -97,7 +96,8 @@ class _PmapWrapper(Wrapper):
         def body(fun, args, kwargs, dynamic):
             return pack_outputs(fun(*args, **kwargs), share, out_axes.per_leaf, dynamic)
 
-        flat = flat_function(split, body, self.name, self.transform, self.source)
+        donation = (self._mode, list(donated)) if any(donated) else None
+        flat = flat_function(split, body, self.name, self.transform, self.source, donation)
         stand = None
         if self._axis_size is not None and all(a is None for a in axes):
             stand = stand_in(self._axis_size)  # JAX needs a mapped input
@@ -163,7 +163,7 @@ class _PmapWrapper(Wrapper):
             target = select(*unique)
             return target.lower(*unique, stand) if stand is not None else target.lower(*unique)
 
-        return Entry(quietly(call) if self._quiet else call, plan, pattern, lower=lower, refuse_deleted=True)
+        return Entry(call, plan, pattern, lower=lowering(lower), refuse_deleted=True)
 
     def _trace(self, flat, per_device: list, axes: tuple, local_size: int | None) -> tuple:
         resolved = []

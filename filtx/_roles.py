@@ -190,7 +190,7 @@ class Mode:
     name: str
     donate_first: bool  # arrays of the first bound positional argument
     donate_rest: bool  # arrays of every other argument and of the function's own pytree
-    show_warnings: bool  # JAX's (or filtx's) unusable-donation warning
+    show_warnings: bool  # filtx's unusable-donation warning, naming paths
     strict: bool = False  # an unusable donation is an error before anything runs
 
     @property
@@ -202,6 +202,7 @@ MODES = {
     "none": Mode("none", False, False, True),
     "arrays": Mode("arrays", True, True, False),
     "warn": Mode("warn", True, True, True),
+    "strict": Mode("strict", True, True, False, strict=True),
     "all": Mode("all", True, True, False),
     "all-except-first": Mode("all-except-first", False, True, False),
     "warn-except-first": Mode("warn-except-first", False, True, True),

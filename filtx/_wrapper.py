@@ -17,6 +17,7 @@ import jax
 from ._boundary import Entry, Split, unique_paths
 from ._caches import code_owner, is_table_attribute, shared_by_code
 from ._errors import owned_option_error, rename_dynamic, unknown_option_error, deleted_array_error
+from ._donation import hidden_depth, show_jax_warning
 from ._share import any_deleted, refused_aliasing
 from ._signature import signature_key
 
@@ -211,6 +212,7 @@ def dispatch(call: Callable, dynamic: list, split: Split, entry: Entry, recheck:
     `recheck(fun, args, kwargs) -> (entry, dynamic, split)`, and called again."""
     if entry.refuse_deleted and any_deleted(dynamic):
         raise deleted_array_error(split.root)
+    depth = hidden_depth()
     try:
         return call(*dynamic)
     except Exception as e:
@@ -224,3 +226,6 @@ def dispatch(call: Callable, dynamic: list, split: Split, entry: Entry, recheck:
                 raise error from e
         rename_dynamic(e, unique_paths(split.root, split.plan, split.pattern))
         raise
+    finally:
+        if hidden_depth() != depth:  # this call compiled a donating computation
+            show_jax_warning(depth)
