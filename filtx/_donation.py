@@ -22,7 +22,25 @@ __all__ = ["UnusableDonationWarning"]
 
 
 class UnusableDonationWarning(UserWarning):
-    """A donated leaf whose buffer no output could reuse (`donate="warn"`)."""
+    """The warning `donate="warn"` (and `"warn-except-first"`) gives, once per
+    compiled signature, naming the path of every donated leaf whose buffer no
+    output can reuse. It subclasses `UserWarning`, like JAX's own.
+
+    !!! example
+
+        ```python
+        import warnings
+        import jax.numpy as jnp
+        import filtx
+
+        step = filtx.filter_jit(lambda w, x: (w * 2, x.sum()), donate="warn")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            step(jnp.ones(3), jnp.ones(5))
+        (warning,) = [w for w in caught if w.category is filtx.UnusableDonationWarning]
+        assert "args[1] (float32[5])" in str(warning.message)
+        ```
+    """
 
 
 def reuse(in_avals: list, donated: list, out_avals: list) -> dict[int, int | None]:

@@ -19,8 +19,22 @@ __all__ = ["donation_report", "DonationReport", "DonationRow"]
 
 @dataclasses.dataclass(frozen=True)
 class DonationRow:
-    """One argument leaf: its path, its role, and for a donated leaf the output
-    whose buffer it becomes (`output`) or why none can (`reason`)."""
+    """One argument leaf of a `DonationReport`: its `path`, its `role`
+    (`"static"`, `"traced"` or `"donated"`), its `value` (`"float32[3]"`, or a
+    type's name), and for a donated leaf the `output` whose buffer it becomes, or
+    the `reason` none can.
+
+    !!! example
+
+        ```python
+        import jax.numpy as jnp
+        import filtx
+
+        f = filtx.filter_jit(lambda x, n: x * n, donate="arrays")
+        row = filtx.donation_report(f, jnp.ones(3), 2).rows[0]
+        assert (row.path, row.role, row.value, row.output) == ("args[0]", "donated", "float32[3]", "out")
+        ```
+    """
 
     path: str
     role: str  # "static", "traced" or "donated"
@@ -31,8 +45,23 @@ class DonationRow:
 
 @dataclasses.dataclass(frozen=True)
 class DonationReport:
-    """The report of `filtx.donation_report`: `rows`, one per argument leaf, in
-    flatten order; `str(report)` is a table."""
+    """The report of `filtx.donation_report`: `rows`, one `DonationRow` per
+    argument leaf in flatten order; `donated` and `unusable` (donated leaves no
+    output reuses) select rows; `as_dicts()` gives plain dicts; `str(report)` is
+    a table.
+
+    !!! example
+
+        ```python
+        import jax.numpy as jnp
+        import filtx
+
+        step = filtx.filter_jit(lambda w, x: (w * 2, x.sum()), donate="arrays")
+        report = filtx.donation_report(step, jnp.ones(3), jnp.ones(5))
+        assert [r.path for r in report.unusable] == ["args[1]"]  # no float32[5] output
+        assert "args[1]" in str(report)
+        ```
+    """
 
     function: str
     rows: tuple[DonationRow, ...]

@@ -168,9 +168,23 @@ def unique_values(pattern: tuple | None, values: list, axes: tuple | None = None
 
 
 class SharingPattern:
-    """Where the distinct leaves of a tree go: static and hashable.
+    """Where the distinct leaves of a tree go: for every leaf position, the
+    position of the leaf it is the same object as. Static and hashable (it can
+    be a static argument, or part of a compile-cache key); returned by
+    `filtx.unshare`, taken by `filtx.reshare`.
 
-    Returned by `filtx.unshare`; pass it to `filtx.reshare`.
+    !!! example
+
+        ```python
+        import jax.numpy as jnp
+        import filtx
+
+        w = jnp.ones(2)
+        _, pattern = filtx.unshare({"a": w, "b": w, "c": jnp.zeros(2)})
+        _, again = filtx.unshare({"a": w, "b": w, "c": jnp.zeros(2)})
+        assert pattern == again and hash(pattern) == hash(again)
+        assert pattern.sources == (0, 0, 2)  # "b" is "a"'s leaf
+        ```
     """
 
     __slots__ = ("treedef", "sources")
