@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, Literal, TypeVar, overload
+from typing import Any, Literal, ParamSpec, TypeVar, overload
 
 import jax
 
@@ -14,11 +14,13 @@ from ._outputs import pack_outputs, unpack
 from ._resolve import LeafResolver
 from ._roles import parse_mode
 from ._share import unique_donation
+from ._typing import Jitted
 from ._wrapper import Wrapper, check_options, dispatch, freeze, fun_donates
 
 __all__ = ["filter_jit"]
 
-_F = TypeVar("_F", bound=Callable)
+P = ParamSpec("P")
+R = TypeVar("R")
 DonateMode = Literal["none", "arrays", "warn", "strict", "all", "all-except-first", "warn-except-first"]
 
 _OWN = ["fun", "donate", "specs", "share"]
@@ -77,14 +79,14 @@ class _JitWrapper(Wrapper):
 
 @overload
 def filter_jit(
-    *, donate: DonateMode = "none", specs: Any = None, share: bool = False, **jitkwargs
-) -> Callable[[_F], _F]: ...
+    fun: None = None, *, donate: DonateMode = "none", specs: Any = None, share: bool = False, **jitkwargs: Any
+) -> Callable[[Callable[P, R]], Jitted[P, R]]: ...
 
 
 @overload
 def filter_jit(
-    fun: _F, *, donate: DonateMode = "none", specs: Any = None, share: bool = False, **jitkwargs
-) -> _F: ...
+    fun: Callable[P, R], *, donate: DonateMode = "none", specs: Any = None, share: bool = False, **jitkwargs: Any
+) -> Jitted[P, R]: ...
 
 
 def filter_jit(fun=None, *, donate="none", specs=None, share=False, **jitkwargs):

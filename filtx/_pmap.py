@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, TypeVar, overload
+from typing import Any, ParamSpec, TypeVar, overload
 
 import jax
 from jax.extend.core import jaxpr_as_fun
@@ -26,12 +26,14 @@ from ._prefix import broadcast_prefix
 from ._resolve import LeafResolver, axis_prefix_leaf, check_axis_prefix
 from ._roles import if_array, parse_mode
 from ._share import unique_donation
+from ._typing import Pmapped
 from ._varying import varying_outputs
 from ._wrapper import Wrapper, check_options, dispatch, freeze, fun_donates
 
 __all__ = ["filter_pmap"]
 
-_F = TypeVar("_F", bound=Callable)
+P = ParamSpec("P")
+R = TypeVar("R")
 _DEFAULT_AXIS_NAME = "filtx_pmap_axis"
 _OWN = ["fun", "in_axes", "out_axes", "axis_name", "axis_size", "donate", "specs", "share", "devices", "backend"]
 _OWNED_BY_FILTX = ("static_broadcasted_argnums", "donate_argnums", "in_axes", "out_axes")
@@ -227,18 +229,18 @@ def _check_unmapped_outputs(closed, mapped_inputs: list[bool], arrays_tree, out_
 
 @overload
 def filter_pmap(
-    *, in_axes: Any = if_array(0), out_axes: Any = if_array(0), axis_name: Any = None,
+    fun: None = None, *, in_axes: Any = if_array(0), out_axes: Any = if_array(0), axis_name: Any = None,
     axis_size: int | None = None, donate: str = "none", specs: Any = None, share: bool = False,
-    devices: Any = None, backend: str | None = None, **pmapkwargs
-) -> Callable[[_F], _F]: ...
+    devices: Any = None, backend: str | None = None, **pmapkwargs: Any
+) -> Callable[[Callable[P, R]], Pmapped[P, Any]]: ...
 
 
 @overload
 def filter_pmap(
-    fun: _F, *, in_axes: Any = if_array(0), out_axes: Any = if_array(0), axis_name: Any = None,
+    fun: Callable[P, R], *, in_axes: Any = if_array(0), out_axes: Any = if_array(0), axis_name: Any = None,
     axis_size: int | None = None, donate: str = "none", specs: Any = None, share: bool = False,
-    devices: Any = None, backend: str | None = None, **pmapkwargs
-) -> _F: ...
+    devices: Any = None, backend: str | None = None, **pmapkwargs: Any
+) -> Pmapped[P, Any]: ...
 
 
 def filter_pmap(

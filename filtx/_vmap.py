@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, TypeVar, overload
+from typing import Any, ParamSpec, TypeVar, overload
 
 import jax
 import jax.numpy as jnp
@@ -24,11 +24,13 @@ from ._out_specs import OutAxes, config_key, resolve_by_evaluation
 from ._outputs import pack_outputs, unpack
 from ._resolve import LeafResolver, check_axis_prefix
 from ._roles import MODES, if_array
+from ._typing import Mapped
 from ._wrapper import Wrapper, check_options, dispatch, freeze
 
 __all__ = ["filter_vmap"]
 
-_F = TypeVar("_F", bound=Callable)
+P = ParamSpec("P")
+R = TypeVar("R")
 _OWN = ["fun", "in_axes", "out_axes", "axis_name", "axis_size", "specs", "share"]
 _IN_TRACE = object()  # abstract evaluation needed concrete values: resolve inside the real trace
 _CONCRETENESS_ERRORS = (
@@ -189,16 +191,16 @@ class _VmapWrapper(Wrapper):
 
 @overload
 def filter_vmap(
-    *, in_axes: Any = if_array(0), out_axes: Any = if_array(0), axis_name: Any = None,
-    axis_size: int | None = None, specs: Any = None, share: bool = False, **vmapkwargs
-) -> Callable[[_F], _F]: ...
+    fun: None = None, *, in_axes: Any = if_array(0), out_axes: Any = if_array(0), axis_name: Any = None,
+    axis_size: int | None = None, specs: Any = None, share: bool = False, **vmapkwargs: Any
+) -> Callable[[Callable[P, R]], Mapped[P, Any]]: ...
 
 
 @overload
 def filter_vmap(
-    fun: _F, *, in_axes: Any = if_array(0), out_axes: Any = if_array(0), axis_name: Any = None,
-    axis_size: int | None = None, specs: Any = None, share: bool = False, **vmapkwargs
-) -> _F: ...
+    fun: Callable[P, R], *, in_axes: Any = if_array(0), out_axes: Any = if_array(0), axis_name: Any = None,
+    axis_size: int | None = None, specs: Any = None, share: bool = False, **vmapkwargs: Any
+) -> Mapped[P, Any]: ...
 
 
 def filter_vmap(
