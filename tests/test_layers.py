@@ -1,0 +1,202 @@
+"""Unit tests of the shared layers every transform is composed of: prefixes,
+signatures, plans, the boundary, outputs, out specs, sharing and donation,
+errors, and the pmap output check."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import filtx
+from filtx import _donation, _errors, _leaks, _outputs, _share, _varying
+from filtx._boundary import Boundary
+from filtx._out_specs import OutAxes
+from filtx._prefix import broadcast_prefix
+from filtx._resolve import LeafResolver
+from filtx._roles import MODES, donate, static, traced
+from filtx._signature import ArgumentSpecs, signature_key
+
+# ---------------------------------------------------------------------------
+# _prefix
+
+
+def test_broadcast_prefix_pairs_leaves_and_says_which_are_exact():
+    pairs = broadcast_prefix({"a": 1, "b": 2}, {"a": [10, 11], "b": 12})
+    assert [(v, leaf, exact) for v, leaf, exact in pairs] == [(1, 10, False), (1, 11, False), (2, 12, True)]
+
+
+def test_broadcast_prefix_names_where_the_structures_part():
+    with pytest.raises(_errors.SpecError, match=r"at \['a'\].*tuple with children \[0\], \[1\].*list"):
+        broadcast_prefix({"a": (1, 2)}, {"a": [1, 2]})
+
+
+# ---------------------------------------------------------------------------
+# _signature
+
+
+def test_argument_specs_address_positions_names_and_var_parameters():
+    def f(x, y=1, *rest, z, **extra):
+        pass
+
+    specs = ArgumentSpecs(f, {"y": "Y", "rest": ("R0",), "extra": {"k": "K"}})
+    assert specs.for_position(1, None) == ("Y", False)
+    assert specs.for_position(0, None) == (None, True)
+    assert specs.for_position(2, None) == ("R0", False)
+    assert specs.for_keyword("k", None) == ("K", False)
+    assert specs.for_keyword("z", "default") == ("default", False)
+    assert specs.bind((1,), {"y": 2, "z": 3}) == ((1, 2), {"z": 3})
+    assert ArgumentSpecs(f, {"y": 0}).unpassed((1,), {"z": 2}) == ["y"]
+
+
+def test_signature_key_tells_methods_with_other_parameter_orders_apart():
+    assert signature_key(lambda a, b: 0) != signature_key(lambda b, a: 0)
+    assert signature_key(functools.partial(lambda a, b: 0, 1)) == signature_key(lambda b: 0)
+
+
+# ---------------------------------------------------------------------------
+# _plan and _boundary
+
+
+def boundary(mode="none", specs=None, share=False, **kw):
+    f = lambda *a, **k: None  # noqa: E731
+    return Boundary(LeafResolver(f, mode=MODES[mode], specs=specs), share, **kw)
+
+
+def test_plans_are_shared_across_array_types_but_not_across_static_types():
+    b = boundary()
+    p_np = b.split(None, (np.ones(2), 1), {}).plan
+    p_jax = b.split(None, (jnp.ones(2), 1), {}).plan
+    p_float = b.split(None, (jnp.ones(2), 1.0), {}).plan
+    assert p_np is p_jax and p_jax is not p_float
+
+
+def test_split_masks_statics_and_dynamic_leaves():
+    split = boundary().split(None, (jnp.ones(2), "tag", 3), {"k": jnp.zeros(1)})
+    assert split.statics == ("tag", 3)  # `None` (the function here) is an empty pytree
+    assert [x.shape for x in split.dynamic] == [(2,), (1,)]
+    assert split.plan.roles == (traced, traced)
+
+
+def test_donation_split_merges_only_the_positions_of_a_donated_buffer():
+    b = boundary("none", specs=(donate, traced, traced, traced), runtime_refuses_aliasing=False)
+    x, y = jnp.ones(2), jnp.zeros(2)
+    split = b.split(None, (x, x, y, y), {})
+    assert split.pattern == (0, 0, 1, 2)  # x merged (donated at 0); y kept apart at 2 and 3
+    assert split.checked
+
+
+def test_under_a_trace_a_donating_plan_donates_nothing():
+    b = boundary("arrays")
+    roles = []
+    jax.jit(lambda x: roles.append(b.split(None, (x,), {}).plan.roles) or x)(jnp.ones(2))
+    assert roles == [(traced,)]
+    assert b.split(None, (jnp.ones(2),), {}).plan.roles == (donate,)
+
+
+# ---------------------------------------------------------------------------
+# _outputs
+
+
+def test_flat_outputs_round_trip_with_statics_and_sharing():
+    w = jnp.ones(2)
+    out = {"a": w, "b": w, "act": jnp.tanh, "n": 3}
+    arrays, carrier = _outputs.pack_outputs(out, share=True)
+    assert len(arrays) == 1
+    back = _outputs.unpack(arrays, carrier)
+    assert back["a"] is back["b"] and back["act"] is jnp.tanh and back["n"] == 3
+
+
+def test_structured_outputs_broadcast_numbers_given_an_int_axis_and_refuse_other_objects():
+    arrays, carrier = _outputs.pack_outputs((jnp.ones(2), 7, "tag"), False, lambda out: [0, 0, None])
+    assert isinstance(arrays[1], jax.Array) and arrays[2] is None
+    back = _outputs.unpack(arrays, carrier)
+    assert back[2] == "tag" and int(back[1]) == 7
+    with pytest.raises(ValueError, match=r"out\[1\] \(function\)"):
+        _outputs.pack_outputs((jnp.ones(2), lambda: 0), False, lambda out: [0, 0])
+
+
+# ---------------------------------------------------------------------------
+# _out_specs
+
+
+def test_out_axes_of_filtx_and_equinox_if_array_need_no_evaluation():
+    eqx = pytest.importorskip("equinox")
+    assert not OutAxes(filtx.if_array(1)).needs_evaluation
+    assert OutAxes(eqx.if_array(1)).translated == 1
+    assert OutAxes((0, lambda x: 1)).needs_evaluation
+
+
+def test_per_leaf_axes_follow_the_subtree_rule():
+    axes = OutAxes({"a": 0, "b": filtx.if_array(1), "c": lambda x: 2})
+    out = {"a": (jnp.ones(2), 5, "s"), "b": (jnp.ones(2), 5), "c": (jnp.ones(2), "s")}
+    assert axes.per_leaf(out) == [0, 0, None, 1, None, 2, None]
+
+
+# ---------------------------------------------------------------------------
+# _share and _donation
+
+
+def test_buffer_keys_see_distinct_objects_over_one_buffer_and_none_under_a_trace():
+    x = jax.device_put(jnp.ones(2), jax.devices()[0])
+    alias = jax.device_put(x, jax.devices()[0])
+    keys = _share.buffer_keys([x, alias, jnp.ones(2)])
+    assert keys[0] == keys[1] != keys[2]
+    found = []
+    jax.jit(lambda t: found.append(_share.buffer_keys([t])) or t)(jnp.ones(2))
+    assert found == [None]
+
+
+def test_refused_aliasing_recognises_jaxs_runtime_refusals_only():
+    assert _share.refused_aliasing(ValueError("INVALID_ARGUMENT: Attempt to donate the same buffer twice in Execute()"))
+    assert not _share.refused_aliasing(ValueError("some other error about donation"))
+
+
+def test_reuse_matches_donated_inputs_to_outputs_greedily_by_shape_and_dtype():
+    aval = lambda *shape: jax.core.ShapedArray(shape, jnp.float32)  # noqa: E731
+    found = _donation.reuse([aval(3), aval(3), aval(2)], [True, True, True], [aval(3), aval(4)])
+    assert found == {0: 0, 1: None, 2: None}
+
+
+# ---------------------------------------------------------------------------
+# _errors, _leaks, _varying
+
+
+def test_rename_dynamic_puts_user_paths_in_a_jax_error_in_place():
+    error = TypeError("argument dynamic[1] and dynamic[0]")
+    _errors.rename_dynamic(error, ["args[0]", "kwargs['w']"])
+    assert str(error) == "argument kwargs['w'] and args[0]"
+
+
+def test_call_leaf_paths_read_like_the_call():
+    root = (None, ({"w": jnp.ones(1)},), {"lr": 0.1})
+    assert _errors.call_leaf_paths(root) == ["args[0]['w']", "kwargs['lr']"]
+
+
+def test_in_axes_error_names_an_out_of_range_axis_and_inconsistent_sizes():
+    error = _errors.in_axes_error(["args[0]"], [jnp.ones(())], [0], None, "filter_vmap")
+    assert "args[0]" in str(error) and "out of range" in str(error)
+    error = _errors.in_axes_error(["a", "b"], [jnp.ones(3), jnp.ones(4)], [0, 0], None, "filter_vmap")
+    assert "a: 3; b: 4" in str(error)
+
+
+def test_hidden_tracer_search_follows_partials_closures_and_containers_and_stops():
+    found = []
+
+    def probe(t):
+        found.append(_leaks.hidden_tracer(functools.partial(print, {"k": [t]}), set()))
+        found.append(_leaks.hidden_tracer(object(), set()))
+        return t
+
+    jax.jit(probe)(jnp.ones(1))
+    assert found == [".args[0]['k'][0]", None]
+
+
+def test_varying_outputs_iterate_loop_carries_to_a_fixed_point():
+    def f(x):
+        return jax.lax.fori_loop(0, 3, lambda i, c: (c[1], x), (jnp.zeros(()), jnp.zeros(())))[0]
+
+    jaxpr = jax.make_jaxpr(f)(jnp.ones(()))
+    assert _varying.varying_outputs(jaxpr, [True]) == [True]
+    assert _varying.varying_outputs(jaxpr, [False]) == [False]
