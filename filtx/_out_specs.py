@@ -18,8 +18,8 @@ import jax
 
 from ._errors import SpecError
 from ._prefix import broadcast_prefix
-from ._resolve import axis_prefix_leaf, check_axis_prefix
-from ._roles import NUMBER_TYPES, check_callable_result, if_array_axis, is_array, is_axis_value, is_user_callable, static
+from ._placement import AXES, Placement
+from ._roles import NUMBER_TYPES, check_callable_result, if_array_axis, is_array, is_user_callable, static
 
 __all__ = ["OutAxes", "config_key"]
 
@@ -36,15 +36,18 @@ def config_key() -> Any:
 
 
 class OutAxes:
-    """A user's `out_axes`, parsed once (at wrapping time: errors come then)."""
+    """A user's output spec (`out_axes`, `out_shardings`, `out_specs`), parsed once
+    (at wrapping time: errors come then). `placement` says what its values are."""
 
-    def __init__(self, out_axes: Any):
+    def __init__(self, out_axes: Any, placement: Placement = AXES, what: str = "out_axes"):
         self.prefix = out_axes
-        check_axis_prefix(out_axes, "out_axes")
-        leaves = jax.tree_util.tree_leaves(out_axes, is_leaf=axis_prefix_leaf)
+        self.placement = placement
+        self.what = what
+        placement.check_prefix(out_axes, what)
+        leaves = jax.tree_util.tree_leaves(out_axes, is_leaf=placement.prefix_leaf)
         self.needs_evaluation = any(is_user_callable(a) and if_array_axis(a) is None for a in leaves)
         self.translated = None if self.needs_evaluation else jax.tree_util.tree_map(
-            _translate, out_axes, is_leaf=axis_prefix_leaf
+            _translate, out_axes, is_leaf=placement.prefix_leaf
         )
 
     def per_leaf(self, out: Any, prefix: Any = None) -> list:
@@ -54,9 +57,9 @@ class OutAxes:
         so the caller can refuse it; on a subtree it leaves non-arrays alone.
         `prefix` replaces the user's (a resolved or translated tree). Trace time only."""
         try:
-            triples = broadcast_prefix(self.prefix if prefix is None else prefix, out, axis_prefix_leaf)
+            triples = broadcast_prefix(self.prefix if prefix is None else prefix, out, self.placement.prefix_leaf)
         except SpecError as e:
-            raise ValueError(f"out_axes: {e}") from None
+            raise ValueError(f"{self.what}: {e}") from None
         axes = []
         for a, leaf, exact in triples:
             if is_user_callable(a):
@@ -65,9 +68,9 @@ class OutAxes:
                     continue
                 result = a(leaf)
                 try:
-                    check_callable_result(a, result, is_axis_value, "an int, None or filtx.static")
+                    check_callable_result(a, result, self.placement.is_value, self.placement.expected)
                 except SpecError as e:
-                    raise ValueError(f"out_axes: {e}") from None
+                    raise ValueError(f"{self.what}: {e}") from None
                 a = result
             if a is static:
                 a = None
@@ -77,7 +80,7 @@ class OutAxes:
         return axes
 
     def tree_for(self, out: Any) -> Any:
-        """A full out_axes tree for `out`: one int or None per leaf."""
+        """A full tree for `out`: one value (or None) per leaf."""
         treedef = jax.tree_util.tree_structure(out)
         return treedef.unflatten(self.per_leaf(out))
 

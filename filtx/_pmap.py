@@ -23,7 +23,8 @@ from ._mapped import mapped_unique, stand_in
 from ._out_specs import OutAxes, config_key
 from ._outputs import pack_outputs, unpack
 from ._prefix import broadcast_prefix
-from ._resolve import LeafResolver, axis_prefix_leaf, check_axis_prefix
+from ._placement import AXES
+from ._resolve import LeafResolver
 from ._roles import if_array, parse_mode
 from ._share import unique_donation
 from ._typing import Pmapped
@@ -56,9 +57,8 @@ class _PmapWrapper(Wrapper):
             mode, share, freeze(specs), freeze(in_axes), freeze(out_axes), axis_name, axis_size,
             freeze(devices), backend, freeze(pmapkwargs),
         ))
-        check_axis_prefix(in_axes, "in_axes")
         self._boundary = self._shared(lambda: Boundary(
-            LeafResolver(fun, mode=mode, specs=specs, in_axes=in_axes, fun_donates=fun_donates(fun)), share, self.name
+            LeafResolver(fun, mode=mode, specs=specs, placement=AXES, placements=in_axes, fun_donates=fun_donates(fun)), share, self.name
         ))
         self._out_axes = OutAxes(out_axes)
         self._axis_name = _DEFAULT_AXIS_NAME if axis_name is None else axis_name
@@ -214,7 +214,7 @@ class _PmapWrapper(Wrapper):
 
 def _check_unmapped_outputs(closed, mapped_inputs: list[bool], arrays_tree, out_axes_tree) -> None:
     """Refuse `out_axes=None` on outputs that differ across devices."""
-    flat_axes = [a for a, _, _ in broadcast_prefix(out_axes_tree, arrays_tree, axis_prefix_leaf)]
+    flat_axes = [a for a, _, _ in broadcast_prefix(out_axes_tree, arrays_tree, AXES.prefix_leaf)]
     varying = varying_outputs(closed, mapped_inputs)
     paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(arrays_tree)[0]]
     culprits = [f"out{p}" for p, axis, v in zip(paths, flat_axes, varying) if axis is None and v]

@@ -22,7 +22,8 @@ from ._errors import (
 from ._mapped import check_no_donate_spec, first_failing, mapped_unique, traced_numbers_as_arrays
 from ._out_specs import OutAxes, config_key, resolve_by_evaluation
 from ._outputs import pack_outputs, unpack
-from ._resolve import LeafResolver, check_axis_prefix
+from ._placement import AXES
+from ._resolve import LeafResolver
 from ._roles import MODES, if_array
 from ._typing import Mapped
 from ._wrapper import Wrapper, check_options, dispatch, freeze
@@ -55,8 +56,7 @@ class _VmapWrapper(Wrapper):
             fun, (freeze(in_axes), freeze(out_axes), axis_name, axis_size, freeze(specs), share, freeze(vmapkwargs))
         )
         check_no_donate_spec(specs)
-        check_axis_prefix(in_axes, "in_axes")
-        resolver = LeafResolver(fun, mode=MODES["none"], specs=specs, in_axes=in_axes, arrays_may_be_static=True)
+        resolver = LeafResolver(fun, mode=MODES["none"], specs=specs, placement=AXES, placements=in_axes, arrays_may_be_static=True)
         self._boundary = self._shared(lambda: Boundary(resolver, share, self.name, unhashable_statics=True))
         self._out_axes = OutAxes(out_axes)
         self._axis_name = axis_name
