@@ -15,6 +15,8 @@ them, never importing each other):
 - `_share`: sharing patterns, donation of aliased buffers, `unshare`/`reshare`
 - `_outputs`: the one carrier of non-array and shared outputs
 - `_out_specs`: output specs, callables resolved by abstract evaluation
+- `_placement`: the per-leaf placements (axes, shardings, shard_map specs)
+- `_sharding`: shardings per leaf, read against a mesh, checked by path
 - `_varying`: which pmap outputs differ across devices
 - `_leaks`: tracers hidden in returned objects
 - `_caches`: bounded caches, `clear_caches`, compile state shared by equal wrappers
@@ -24,7 +26,8 @@ them, never importing each other):
 - `_donation`: which donated buffers an output reuses; warnings and the strict mode
 - `_donation_report`: `donation_report`
 - `_errors`: every user-facing message; `_explain`: explained retraces
-- `_jit`, `_vmap`, `_pmap`: the transforms
+- `_typing`: the wrappers' static types
+- `_jit`, `_vmap`, `_pmap`, `_shard_map`, `_shard`: the transforms
 """
 
 import os as _os
@@ -37,6 +40,8 @@ from ._donation_report import DonationReport, DonationRow, donation_report
 from ._jit import filter_jit
 from ._pmap import filter_pmap
 from ._roles import donate, if_array, is_array, static, traced
+from ._shard import filter_shard
+from ._shard_map import filter_shard_map
 from ._share import SharingPattern, reshare, unshare
 from ._vmap import filter_vmap
 
@@ -49,6 +54,8 @@ __all__ = [
     "filter_jit",
     "filter_vmap",
     "filter_pmap",
+    "filter_shard_map",
+    "filter_shard",
     "static",
     "traced",
     "donate",

@@ -8,11 +8,14 @@ from typing import Any, Literal, ParamSpec, TypeVar, overload
 
 import jax
 
-from ._boundary import Boundary, Entry, Split, flat_function
+from ._boundary import Boundary, Entry, Split, flat_function, unique_paths
+from ._gather import first_positions
+from ._out_specs import OutAxes
 from ._lowering import Lowered, lowering
 from ._outputs import pack_outputs, unpack
 from ._resolve import LeafResolver
-from ._roles import parse_mode
+from ._roles import is_array, parse_mode
+from ._sharding import OUT_SHARDINGS, SHARDINGS, check_mesh, constrain, placed
 from ._share import unique_donation
 from ._typing import Jitted
 from ._wrapper import Wrapper, check_options, dispatch, freeze, fun_donates
@@ -23,24 +26,29 @@ P = ParamSpec("P")
 R = TypeVar("R")
 DonateMode = Literal["none", "arrays", "warn", "strict", "all", "all-except-first", "warn-except-first"]
 
-_OWN = ["fun", "donate", "specs", "share"]
+_OWN = ["fun", "donate", "specs", "share", "in_shardings", "out_shardings", "mesh"]
 _OWNED_BY_FILTX = ("static_argnums", "static_argnames", "donate_argnums", "donate_argnames")
 
 
 class _JitWrapper(Wrapper):
     transform = "filter_jit"
 
-    def __init__(self, fun: Callable, donate: str, specs: Any, share: bool, jitkwargs: dict):
+    def __init__(self, fun: Callable, donate: str, specs: Any, share: bool, jitkwargs: dict, placing: tuple):
         mode = parse_mode(donate)
-        super().__init__(fun, (mode, share, freeze(specs), freeze(jitkwargs)))
+        in_shardings, out_shardings, mesh = placing
+        check_mesh(mesh, "filter_jit")
+        super().__init__(fun, (mode, share, freeze(specs), freeze(jitkwargs), freeze(in_shardings), freeze(out_shardings), mesh))
         self._share = share
         self._jitkwargs = jitkwargs
         self._mode = mode
+        self._mesh = mesh
+        self._out_shardings = None if out_shardings is None else OutAxes(out_shardings, OUT_SHARDINGS, "out_shardings")
+        placement = None if in_shardings is None else SHARDINGS
+        resolver = LeafResolver(
+            fun, mode=mode, specs=specs, placement=placement, placements=in_shardings, fun_donates=fun_donates(fun)
+        )
         self._boundary = self._shared(
-            lambda: Boundary(
-                LeafResolver(fun, mode=mode, specs=specs, fun_donates=fun_donates(fun)), share, self.name,
-                runtime_refuses_aliasing=True,
-            )
+            lambda: Boundary(resolver, share, self.name, runtime_refuses_aliasing=True)
         )
         self._recheck = functools.partial(self._boundary.prepare, build=self._build, check_buffers=True)
 
@@ -51,16 +59,29 @@ class _JitWrapper(Wrapper):
     def _build(self, split: Split) -> Entry:
         plan, pattern = split.plan, split.pattern
         donated = plan.donate_mask if pattern is None else unique_donation(pattern, plan.donate_mask)
-        share = self._share
+        share, out_shardings, mesh = self._share, self._out_shardings, self._mesh
 
         def body(fun, args, kwargs, dynamic):
-            return pack_outputs(fun(*args, **kwargs), share, inputs=dynamic)
+            out = fun(*args, **kwargs)
+            if out_shardings is not None:
+                out = _constrained(out, out_shardings, mesh)
+            return pack_outputs(out, share, inputs=dynamic)
 
         donate_argnums = tuple(i for i, d in enumerate(donated) if d)
         donation = (self._mode, list(donated)) if donate_argnums else None
+        placing = {} if plan.axes is None else {"in_shardings": self._in_shardings(split)}
         flat = flat_function(split, body, self.name, self.transform, self.source, donation)
-        jitted = jax.jit(flat, donate_argnums=donate_argnums, **self._jitkwargs)
+        jitted = jax.jit(flat, donate_argnums=donate_argnums, **placing, **self._jitkwargs)
         return Entry(jitted, plan, pattern, lower=lowering(jitted.lower))
+
+    def _in_shardings(self, split: Split) -> tuple:
+        """The sharding of every unique dynamic value, checked on this call's leaves."""
+        values = split.plan.unique_placements(split.pattern)
+        if all(v is None for v in values):
+            return values
+        paths = unique_paths(split.root, split.plan, split.pattern)
+        leaves = split.dynamic if split.pattern is None else [split.dynamic[i] for i in first_positions(split.pattern)]
+        return tuple(placed(v, self._mesh, p, x) for v, p, x in zip(values, paths, leaves))
 
     def lower(self, /, *args, **kwargs) -> Lowered:
         """Lower for these arguments (ahead-of-time compilation).
@@ -77,19 +98,32 @@ class _JitWrapper(Wrapper):
         return unpack(*out)
 
 
+def _constrained(out: Any, out_shardings: OutAxes, mesh: Any) -> Any:
+    """The output with every array's sharding constrained as `out_shardings` says
+    (callables answer on the traced output: once per signature)."""
+    leaves, treedef = jax.tree_util.tree_flatten(out)
+    values = out_shardings.per_leaf(out)
+    return treedef.unflatten([constrain(x, v, mesh) if is_array(x) else x for x, v in zip(leaves, values)])
+
+
 @overload
 def filter_jit(
-    fun: None = None, *, donate: DonateMode = "none", specs: Any = None, share: bool = False, **jitkwargs: Any
+    fun: None = None, *, donate: DonateMode = "none", specs: Any = None, share: bool = False,
+    in_shardings: Any = None, out_shardings: Any = None, mesh: Any = None, **jitkwargs: Any
 ) -> Callable[[Callable[P, R]], Jitted[P, R]]: ...
 
 
 @overload
 def filter_jit(
-    fun: Callable[P, R], *, donate: DonateMode = "none", specs: Any = None, share: bool = False, **jitkwargs: Any
+    fun: Callable[P, R], *, donate: DonateMode = "none", specs: Any = None, share: bool = False,
+    in_shardings: Any = None, out_shardings: Any = None, mesh: Any = None, **jitkwargs: Any
 ) -> Jitted[P, R]: ...
 
 
-def filter_jit(fun=None, *, donate="none", specs=None, share=False, **jitkwargs):
+def filter_jit(
+    fun=None, *, donate="none", specs=None, share=False, in_shardings=None, out_shardings=None, mesh=None,
+    **jitkwargs,
+):
     """Compile a function of whole pytrees: arrays traced (or donated), everything
     else static, unless `specs` says otherwise.
 
@@ -108,6 +142,16 @@ def filter_jit(fun=None, *, donate="none", specs=None, share=False, **jitkwargs)
         `filtx.donate`, `True`, `False` or callables returning one of those.
     - `share`: pass a leaf that stands at several positions once, and keep it
         shared inside and in the outputs (see `filtx.unshare`).
+    - `in_shardings`: where the compiled call takes its array arguments: a prefix
+        of the arguments (a tuple by position, a dict by parameter name, as
+        `specs`) whose leaves are `jax.sharding.PartitionSpec`, a
+        `jax.sharding.Sharding`, `None` (as it is) or callables `leaf -> one of
+        those`. Static leaves take none. Uncommitted inputs (NumPy arrays, arrays
+        made outside a mesh) are placed there; committed arrays must already be.
+    - `out_shardings`: where array outputs go: a prefix of the output, with the
+        same leaves; callables answer on the traced output, once per signature.
+    - `mesh`: the `jax.sharding.Mesh` PartitionSpecs are read against (else the
+        mesh set by `jax.set_mesh`).
     - `**jitkwargs`: passed to `jax.jit`, except `static_argnums`,
         `static_argnames`, `donate_argnums` and `donate_argnames`, which filtx owns.
 
@@ -141,7 +185,10 @@ def filter_jit(fun=None, *, donate="none", specs=None, share=False, **jitkwargs)
     check_options("filter_jit", _OWN, jax.jit, jitkwargs, _OWNED_BY_FILTX)
     parse_mode(donate)
     if fun is None:
-        return functools.partial(filter_jit, donate=donate, specs=specs, share=share, **jitkwargs)
+        return functools.partial(
+            filter_jit, donate=donate, specs=specs, share=share, in_shardings=in_shardings,
+            out_shardings=out_shardings, mesh=mesh, **jitkwargs,
+        )
     if not callable(fun):
         raise TypeError(f"filter_jit needs a callable, got {type(fun).__name__}.")
-    return _JitWrapper(fun, donate, specs, bool(share), jitkwargs)
+    return _JitWrapper(fun, donate, specs, bool(share), jitkwargs, (in_shardings, out_shardings, mesh))

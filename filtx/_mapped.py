@@ -11,7 +11,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._errors import donation_in_mapped_error
-from ._gather import first_positions
 from ._roles import donate, is_array
 
 __all__: list[str] = []
@@ -22,13 +21,6 @@ def check_no_donate_spec(specs: Any) -> None:
     for path, leaf in jax.tree_util.tree_flatten_with_path(specs)[0]:
         if leaf is donate:
             raise donation_in_mapped_error(f"specs{jax.tree_util.keystr(path)} is filtx.donate, but ")
-
-
-def mapped_unique(plan, pattern: tuple | None) -> tuple:
-    """The in axis of every unique dynamic value."""
-    if pattern is None:
-        return plan.axes
-    return tuple(plan.axes[i] for i in first_positions(pattern))
 
 
 def traced_numbers_as_arrays(dynamic: list) -> list:

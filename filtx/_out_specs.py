@@ -62,10 +62,10 @@ class OutAxes:
             raise ValueError(f"{self.what}: {e}") from None
         axes = []
         for a, leaf, exact in triples:
+            if not is_array(leaf) and (self.placement is not AXES or is_user_callable(a)):
+                axes.append(None)  # only axes broadcast numbers; callables answer for arrays
+                continue
             if is_user_callable(a):
-                if not is_array(leaf):
-                    axes.append(None)
-                    continue
                 result = a(leaf)
                 try:
                     check_callable_result(a, result, self.placement.is_value, self.placement.expected)

@@ -14,7 +14,7 @@ from typing import Any
 
 from ._caches import MAX_PLANS, insert_bounded
 from ._errors import callable_spec_error, call_leaf_paths
-from ._gather import merge_getter
+from ._gather import first_positions, merge_getter
 from ._resolve import Deferred
 from ._roles import Role, donate, static, traced
 
@@ -85,6 +85,12 @@ class Plan:
             plan = canonical_plan(self.canonical, self.treedef, rules, types, self.with_axes, self.lock)
             insert_bounded(self.variants, key, plan, MAX_PLANS, self.lock)
         return plan
+
+    def unique_placements(self, pattern: tuple | None) -> tuple:
+        """The placement (axis, sharding, spec) of every unique dynamic value."""
+        if pattern is None:
+            return self.axes
+        return tuple(self.axes[i] for i in first_positions(pattern))
 
     def undonated(self) -> "Plan":
         """This plan with every donated leaf traced and kept instead: for calls

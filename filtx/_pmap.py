@@ -19,7 +19,7 @@ from ._boundary import Boundary, Entry, Split, flat_function, unique_paths
 from ._caches import BoundedCache
 from ._errors import device_count_error, in_axes_error, unmapped_outputs_error
 from ._lowering import Lowered, lowering
-from ._mapped import mapped_unique, stand_in
+from ._mapped import stand_in
 from ._out_specs import OutAxes, config_key
 from ._outputs import pack_outputs, unpack
 from ._prefix import broadcast_prefix
@@ -92,7 +92,7 @@ class _PmapWrapper(Wrapper):
     def _build(self, split: Split) -> Entry:
         plan, pattern = split.plan, split.pattern
         donated = plan.donate_mask if pattern is None else unique_donation(pattern, plan.donate_mask)
-        axes = mapped_unique(plan, pattern)
+        axes = plan.unique_placements(pattern)
         out_axes, share = self._out_axes, self._share
 
         def body(fun, args, kwargs, dynamic):
@@ -201,7 +201,7 @@ class _PmapWrapper(Wrapper):
 
     def _size_error(self, split: Split, entry: Entry, dynamic: list) -> ValueError | None:
         paths = unique_paths(split.root, split.plan, split.pattern)
-        axes = mapped_unique(split.plan, split.pattern)
+        axes = split.plan.unique_placements(split.pattern)
         error = in_axes_error(paths, dynamic, axes, self._axis_size, "filter_pmap")
         if error is not None:
             return error

@@ -19,7 +19,7 @@ from ._errors import (
     no_mapped_input_error,
     unmapped_outputs_error,
 )
-from ._mapped import check_no_donate_spec, first_failing, mapped_unique, traced_numbers_as_arrays
+from ._mapped import check_no_donate_spec, first_failing, traced_numbers_as_arrays
 from ._out_specs import OutAxes, config_key, resolve_by_evaluation
 from ._outputs import pack_outputs, unpack
 from ._placement import AXES
@@ -107,7 +107,7 @@ class _VmapWrapper(Wrapper):
         entry.make_flat = make_flat
         entry.flat = make_flat(None, structured=not out_axes.needs_evaluation)
         entry.call = entry.flat
-        entry.axes = mapped_unique(plan, split.pattern)
+        entry.axes = plan.unique_placements(split.pattern)
         entry.resolved = BoundedCache()
         return entry
 

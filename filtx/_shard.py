@@ -1,0 +1,104 @@
+"""filter_shard: place the arrays of a pytree by a prefix of shardings (a
+`device_put` outside a trace, a sharding constraint inside one, or a global
+array built from each process's local data), non-arrays untouched."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+
+from ._boundary import top_level
+from ._errors import SpecError, keystr
+from ._prefix import broadcast_prefix
+from ._roles import check_callable_result, is_array, is_user_callable
+from ._sharding import OUT_SHARDINGS, check_mesh, constrain, placed
+
+__all__ = ["filter_shard"]
+
+def filter_shard(tree: Any, shardings: Any, *, mesh: Any = None, process_local: bool = False) -> Any:
+    """Place the arrays of a pytree; every other leaf is returned as it is.
+
+    A drop-in for `eqx.filter_shard`, with filtx's prefix and callable specs.
+
+    **Arguments:**
+
+    - `tree`: any pytree (a model, an optimiser state, a batch).
+    - `shardings`: a pytree prefix of `tree` whose leaves are
+        `jax.sharding.PartitionSpec`, `jax.sharding.Sharding`, `None` (leave as
+        it is) or callables `leaf -> one of those` (asked for array leaves only,
+        e.g. "the largest axis divisible by the device count").
+    - `mesh`: the mesh PartitionSpecs are read against (else the mesh set by
+        `jax.set_mesh`).
+    - `process_local`: under `jax.distributed`, each process passes its own part
+        of every array (split along the sharded axes); the result is the global
+        array (`jax.make_array_from_process_local_data`).
+
+    **Returns:**
+
+    `tree` with its arrays placed: moved with `jax.device_put` outside a trace,
+    constrained with `jax.lax.with_sharding_constraint` inside one.
+
+    !!! example
+
+        ```python
+        import jax
+        import jax.numpy as jnp
+        import numpy as np
+        import filtx
+        from jax.sharding import Mesh, PartitionSpec as P
+
+        mesh = Mesh(np.array(jax.devices()), ("data",))
+        n = len(jax.devices())
+        model = {"w": jnp.ones((n * 2, 3)), "b": jnp.zeros(3), "act": jnp.tanh}
+        placed = filtx.filter_shard(model, {"w": P("data"), "b": P(), "act": None}, mesh=mesh)
+        assert placed["w"].sharding.spec == P("data") and placed["act"] is jnp.tanh
+        ```
+    """
+    check_mesh(mesh, "filter_shard")
+    try:
+        triples = broadcast_prefix(shardings, tree, OUT_SHARDINGS.prefix_leaf)
+    except SpecError as e:
+        raise ValueError(f"filter_shard: shardings for tree: {e}") from None
+    flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
+    tracing = not top_level()
+    leaves = []
+    for (path, leaf), (value, _, exact) in zip(flat, triples):
+        where = "tree" + keystr(path)
+        if not is_array(leaf):
+            if exact and value is not None and not is_user_callable(value):
+                raise ValueError(
+                    f"{where} ({type(leaf).__name__}): filter_shard gives it {value}, but it is not "
+                    f"an array. Give it None, or put the sharding on its subtree."
+                )
+            leaves.append(leaf)
+            continue
+        if is_user_callable(value):
+            result = value(leaf)
+            try:
+                check_callable_result(value, result, OUT_SHARDINGS.is_value, OUT_SHARDINGS.expected)
+            except SpecError as e:
+                raise ValueError(f"{where}: {e}") from None
+            value = result
+        leaves.append(_place(leaf, value, mesh, where, tracing, process_local))
+    return treedef.unflatten(leaves)
+
+
+def _place(leaf: Any, value: Any, mesh: Any, where: str, tracing: bool, process_local: bool) -> Any:
+    if value is None:
+        return leaf
+    if tracing:
+        return constrain(leaf, value, mesh)
+    target = mesh if mesh is not None else _ambient_concrete_mesh()
+    sharding = placed(value, target, where, None if process_local else leaf)
+    if process_local:
+        return jax.make_array_from_process_local_data(sharding, leaf)
+    return jax.device_put(leaf, sharding)
+
+
+def _ambient_concrete_mesh():
+    try:
+        mesh = jax.sharding.get_mesh()
+    except Exception:  # pragma: no cover - a JAX without a concrete ambient mesh
+        return None
+    return None if mesh is None or mesh.empty else mesh
