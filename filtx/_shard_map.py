@@ -38,7 +38,7 @@ def _spec(value: Any) -> PartitionSpec:
 
 
 class _ShardMapEntry(Entry):
-    __slots__ = ("flat", "specs", "resolved")
+    __slots__ = ("make_flat", "flat", "specs", "resolved")
 
 
 class _ShardMapWrapper(Wrapper):
@@ -67,11 +67,11 @@ class _ShardMapWrapper(Wrapper):
             )
         if self._out_specs.needs_evaluation:
             key = (tuple(map(jax.typeof, dynamic)), config_key(), mesh)
-            out_specs = entry.resolved.get_or_build(key, lambda: self._evaluate_out_specs(entry, dynamic, mesh))
+            out_specs, flat = entry.resolved.get_or_build(key, lambda: self._evaluate_out_specs(entry, dynamic, mesh))
         else:
-            out_specs = _replicated_where_unset(self._out_specs.translated)
+            out_specs, flat = _replicated_where_unset(self._out_specs.translated), entry.flat
         mapped = jax.shard_map(
-            entry.flat, mesh=mesh, in_specs=entry.specs, out_specs=(out_specs, _REPLICATED),
+            flat, mesh=mesh, in_specs=entry.specs, out_specs=(out_specs, _REPLICATED),
             axis_names=self._axis_names, check_vma=self._check_vma,
         )
         return unpack(*dispatch(mapped, dynamic, split, entry))
@@ -83,10 +83,20 @@ class _ShardMapWrapper(Wrapper):
         entry.resolved = BoundedCache()
         split = split._replace(dynamic=None, root=None)  # keep no argument alive
 
-        def body(fun, args, kwargs, dynamic):
-            return pack_outputs(fun(*args, **kwargs), share, out_specs.per_leaf, dynamic)
+        source = self.source
 
-        entry.flat = entry.call = flat_function(split, body, self.name, self.transform, self.source)
+        def make_flat(prefix, structured: bool = True) -> Callable:
+            """The flat function packing outputs for the out-specs tree `prefix`
+            (a resolved tree, no callables; None: the user's own), or in the flat form."""
+            axes_of = functools.partial(out_specs.per_leaf, prefix=prefix) if structured else None
+
+            def body(fun, args, kwargs, dynamic):
+                return pack_outputs(fun(*args, **kwargs), share, axes_of, dynamic)
+
+            return flat_function(split, body, self.name, self.transform, source)
+
+        entry.make_flat = make_flat
+        entry.flat = entry.call = make_flat(None, structured=not out_specs.needs_evaluation)
         return entry
 
     def _evaluate_out_specs(self, entry, dynamic: list, mesh) -> Any:
@@ -98,7 +108,8 @@ class _ShardMapWrapper(Wrapper):
         def evaluate(record):
             jax.make_jaxpr(lambda *xs: record(unpack(*entry.flat(*xs))) or (), axis_env=axis_env)(*shapes)
 
-        return _replicated_where_unset(resolve_by_evaluation(self._out_specs, evaluate))
+        tree = _replicated_where_unset(resolve_by_evaluation(self._out_specs, evaluate))
+        return tree, entry.make_flat(tree)
 
 
 def _replicated_where_unset(tree: Any) -> Any:

@@ -47,6 +47,7 @@ SPECS = Placement(
     is_value=is_spec_value,
     expected="jax.sharding.PartitionSpec, None (the default) or filtx.static",
     noun="PartitionSpec",
+    nothing=PartitionSpec(),  # replicated: nothing to place, on a static leaf too
 )
 
 OUT_SPECS = Placement(
