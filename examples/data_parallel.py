@@ -1,15 +1,23 @@
-"""Data-parallel training of an MLP with `filtx.filter_pmap`.
+"""Data-parallel training of an MLP, two ways: sharded `filtx.filter_jit` (the default)
+and `filtx.filter_pmap`.
 
 Every device holds a full copy (a *replica*) of the model and of the optimiser
-state, stacked on a leading device axis. Each training step splits the global
-batch into one equal-sized shard per device; every device computes the
-gradient of the mean loss on its shard, the gradients are averaged over
-devices with `jax.lax.pmean`, and every device applies the same optax update,
-so the replicas stay identical. Because the shards are the same size, the mean
-of the per-device mean gradients is the full-batch mean gradient: the result is
-the same as training on one device with the whole batch.
+state. Each training step splits the global batch into one equal-sized shard per
+device; the gradient of the mean loss is the full-batch mean gradient, and every
+device applies the same optax update, so the replicas stay identical: the result
+is the same as training on one device with the whole batch.
 
-What `filtx.filter_pmap` adds over `jax.pmap`:
+**The sharded route** (`--route sharded`, the default; how JAX itself does data
+parallelism now): the model and optimiser state are replicated over a `data`
+mesh axis (`PartitionSpec()`), the batch is split along it (`PartitionSpec("data")`),
+and `filtx.filter_jit(in_shardings=..., out_shardings=..., donate="arrays")` compiles
+one step for all devices. The compiler inserts the gradient all-reduce.
+
+**The pmap route** (`--route pmap`, for existing pmap code): model and optimiser
+state are stacked on a leading device axis, every device computes the gradient
+on its shard, and `jax.lax.pmean` averages the gradients.
+
+What filtx adds over `jax.jit`/`jax.pmap`:
 
 - the step takes and returns the *whole* model, an `equinox.nn.MLP` whose
   activation function is a leaf of the pytree: arrays are mapped over the
@@ -21,9 +29,12 @@ What `filtx.filter_pmap` adds over `jax.pmap`:
 
 Without a GPU or TPU, the script asks XLA for 8 virtual CPU devices (it sets
 `XLA_FLAGS=--xla_force_host_platform_device_count=8` before importing JAX,
-unless a device count is already given). Run it with
+unless a device count is already given). On CPU, XLA aborts the process when too
+many steps with collectives are queued at once (the virtual devices wait for each
+other), so the loop keeps at most `MAX_IN_FLIGHT` steps queued. Run it with
 
     python examples/data_parallel.py --epochs 20 --steps-per-epoch 16
+    python examples/data_parallel.py --route pmap
 """
 
 import argparse
@@ -43,7 +54,9 @@ import optax  # noqa: E402
 import filtx  # noqa: E402
 
 AXIS_NAME = "devices"
+DATA = "data"  # the mesh axis of the sharded route
 IN_SIZE = 4
+MAX_IN_FLIGHT = 4  # steps queued before the loop waits: bounded, see the docstring
 
 
 # -- data -----------------------------------------------------------------------
@@ -131,10 +144,29 @@ def make_step(optimiser):
     )
 
 
+def make_sharded_step(optimiser, mesh):
+    """The sharded training step: `step(model, opt_state, x, y) -> (model, opt_state, loss)`
+    on global arrays; model and state replicated, the batch split along `data`."""
+    P = jax.sharding.PartitionSpec
+
+    def step(model, opt_state, x, y):
+        loss, grads = eqx.filter_value_and_grad(loss_fn)(model, x, y)
+        updates, opt_state = optimiser.update(grads, opt_state, eqx.filter(model, eqx.is_inexact_array))
+        return eqx.apply_updates(model, updates), opt_state, loss
+
+    return filtx.filter_jit(
+        step,
+        donate="arrays",
+        mesh=mesh,
+        in_shardings={"model": P(), "opt_state": P(), "x": P(DATA), "y": P(DATA)},
+        out_shardings=(P(), P(), P()),
+    )
+
+
 # -- training loop --------------------------------------------------------------
 
 
-def train(*, epochs=20, steps_per_epoch=16, batch_size=64, learning_rate=1e-2, seed=0, verbose=True):
+def train(*, epochs=20, steps_per_epoch=16, batch_size=64, learning_rate=1e-2, seed=0, route="sharded", verbose=True):
     """Train on all local devices. Returns `(model, losses)`: the trained model (one copy)
     and the mean training loss of every epoch."""
     devices = jax.local_devices()
@@ -146,21 +178,32 @@ def train(*, epochs=20, steps_per_epoch=16, batch_size=64, learning_rate=1e-2, s
     optimiser = make_optimiser(learning_rate)
     opt_state = optimiser.init(eqx.filter(model, eqx.is_inexact_array))
 
-    model = replicate(model, devices)
-    opt_state = replicate(opt_state, devices)
-    step = make_step(optimiser)
+    if route == "sharded":
+        mesh = jax.sharding.Mesh(np.array(devices), (DATA,))
+        replicated = jax.sharding.PartitionSpec()
+        model = filtx.filter_shard(model, replicated, mesh=mesh)
+        opt_state = filtx.filter_shard(opt_state, replicated, mesh=mesh)
+        sharded = make_sharded_step(optimiser, mesh)
+        step = lambda model, opt_state, batch: sharded(model, opt_state, *batch)  # noqa: E731
+    else:
+        model = replicate(model, devices)
+        opt_state = replicate(opt_state, devices)
+        pmapped = make_step(optimiser)
+        step = lambda model, opt_state, batch: pmapped(model, opt_state, shard(batch, len(devices)))  # noqa: E731
 
     losses = []
     for epoch in range(epochs):
         start = time.perf_counter()
-        epoch_losses = []  # left on the device: nothing waits for a step inside the epoch
+        epoch_losses = []  # left on the device: the loop waits only to bound the steps in flight
         for batch in iterate_batches(dataset, batch_size, rng=rng):
-            model, opt_state, loss = step(model, opt_state, shard(batch, len(devices)))
+            model, opt_state, loss = step(model, opt_state, batch)
             epoch_losses.append(loss)
+            if len(epoch_losses) > MAX_IN_FLIGHT:
+                epoch_losses[-MAX_IN_FLIGHT - 1].block_until_ready()
         losses.append(float(np.mean(jax.device_get(epoch_losses))))
         if verbose:
             print(f"epoch {epoch:3d}  loss {losses[-1]:.6f}  ({time.perf_counter() - start:.2f} s)")
-    return unreplicate(model), losses
+    return (model if route == "sharded" else unreplicate(model)), losses
 
 
 def main(argv=None):
@@ -171,6 +214,7 @@ def main(argv=None):
     parser.add_argument("--batch-size", type=int, default=64, help="global batch size, split across devices")
     parser.add_argument("--learning-rate", type=float, default=1e-2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--route", choices=("sharded", "pmap"), default="sharded")
     args = parser.parse_args(argv)
     print(f"training on {jax.local_device_count()} {jax.default_backend()} devices")
     return train(
@@ -179,6 +223,7 @@ def main(argv=None):
         batch_size=args.batch_size,
         learning_rate=args.learning_rate,
         seed=args.seed,
+        route=args.route,
     )
 
 

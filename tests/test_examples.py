@@ -10,6 +10,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
 
@@ -50,7 +51,8 @@ def array_leaves(model):
     return jax.tree.leaves(eqx.filter(model, eqx.is_array))
 
 
-def test_data_parallel_learns_and_matches_single_device_training(capsys, monkeypatch):
+@pytest.mark.parametrize("route", ["sharded", "pmap"])
+def test_data_parallel_learns_and_matches_single_device_training(capsys, monkeypatch, route):
     dp = load_example("data_parallel")
     traces = []
     loss_fn = dp.loss_fn
@@ -65,11 +67,13 @@ def test_data_parallel_learns_and_matches_single_device_training(capsys, monkeyp
 
     model, losses = dp.main(
         ["--epochs", str(epochs), "--steps-per-epoch", str(steps_per_epoch), "--batch-size", str(batch_size),
-         "--learning-rate", str(learning_rate), "--seed", str(seed)]
+         "--learning-rate", str(learning_rate), "--seed", str(seed), "--route", route]
     )
 
-    # filter_pmap traced the step once, for all its steps, on per-device shards of the batch.
-    assert traces == [(batch_size // 8, dp.IN_SIZE)], traces
+    # The step was traced once, for all its steps: on per-device shards of the batch
+    # (filter_pmap), or on the global batch (the sharded filter_jit).
+    per_trace = batch_size // 8 if route == "pmap" else batch_size
+    assert traces == [(per_trace, dp.IN_SIZE)], traces
     monkeypatch.setattr(dp, "loss_fn", loss_fn)
 
     # It prints the loss of every epoch, and the loss falls.
@@ -128,3 +132,17 @@ def test_data_parallel_script_asks_for_8_devices_unless_told_otherwise():
             if process.poll() is None:
                 process.kill()
                 process.wait()
+
+
+def test_fsdp_shards_parameters_learns_and_matches_replicated_training(capsys):
+    fsdp = load_example("fsdp")
+    model, losses, held, replicated = fsdp.main(["--epochs", "4", "--steps-per-epoch", "4", "--seed", "1"])
+    assert held <= replicated / 8 * 1.05  # about 1/8 of a replica per device, on 8 devices
+    weight = model.layers[1].weight
+    assert len(weight.sharding.device_set) == 8 and weight.addressable_shards[0].data.size == weight.size // 8
+    assert losses[-1] < losses[0]
+    out = capsys.readouterr().out
+    assert "MB sharded" in out and len([line for line in out.splitlines() if line.startswith("epoch")]) == 4
+    # The same training with every parameter replicated gives the same losses.
+    _, same, _ = fsdp.train(epochs=4, steps_per_epoch=4, seed=1, sharded=False, verbose=False)
+    np.testing.assert_allclose(losses, same, rtol=1e-4)
