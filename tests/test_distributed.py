@@ -7,17 +7,13 @@ those of the same step run on 4 devices of this one process.
 """
 
 import importlib.util
-import os
 import pathlib
-import socket
-import subprocess
-import sys
-import time
 
 import equinox as eqx
 import jax
 import numpy as np
-import pytest
+
+from _processes import Workers
 
 WORKER = pathlib.Path(__file__).resolve().parent / "_distributed_worker.py"
 _spec = importlib.util.spec_from_file_location("filtx_tests_distributed_worker", WORKER)
@@ -25,39 +21,6 @@ worker = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(worker)
 TIMEOUT_S = 120
 NUM_PROCESSES = 2
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def worker_env() -> dict:
-    env = dict(os.environ)
-    # Two local devices per process, whatever this process was given (conftest sets 8).
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
-    env["JAX_PLATFORMS"] = "cpu"
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
-def logs(processes, log_paths) -> str:
-    parts = []
-    for i, (process, path) in enumerate(zip(processes, log_paths)):
-        text = path.read_text(errors="replace") if path.exists() else "<no output>"
-        parts.append(f"--- worker {i} (returncode {process.returncode}) ---\n{text[-6000:]}")
-    return "\n".join(parts)
-
-
-def wait_all(processes, deadline) -> None:
-    """Wait for every process to exit, until `deadline`; stop early when one fails
-    (the others would wait for it until their own timeouts)."""
-    while time.monotonic() < deadline:
-        codes = [p.poll() for p in processes]
-        if all(code is not None for code in codes) or any(code not in (None, 0) for code in codes):
-            return
-        time.sleep(0.05)
 
 
 def single_process_reference():
@@ -73,34 +36,10 @@ def single_process_reference():
 
 
 def test_two_processes_train_like_one(tmp_path):
-    port = free_port()
-    env = worker_env()
-    log_paths = [tmp_path / f"worker{i}.log" for i in range(NUM_PROCESSES)]
-    out_paths = [tmp_path / f"worker{i}.npz" for i in range(NUM_PROCESSES)]
-    deadline = time.monotonic() + TIMEOUT_S
-    processes = []
-    try:
-        for i in range(NUM_PROCESSES):
-            with open(log_paths[i], "wb") as log:
-                processes.append(
-                    subprocess.Popen(
-                        [sys.executable, str(WORKER), str(i), str(port), str(out_paths[i])],
-                        env=env, stdout=log, stderr=subprocess.STDOUT, cwd=str(WORKER.parent),
-                    )
-                )
+    with Workers(WORKER, tmp_path, NUM_PROCESSES, TIMEOUT_S) as workers:
         # While the workers run: the reference, in this process.
         expected_leaves, expected_losses = single_process_reference()
-        wait_all(processes, deadline)
-        codes = [p.poll() for p in processes]
-        if any(code not in (None, 0) for code in codes):
-            pytest.fail(f"a worker failed:\n{logs(processes, log_paths)}")
-        if any(code is None for code in codes):
-            pytest.fail(f"workers still running after {TIMEOUT_S} s:\n{logs(processes, log_paths)}")
-    finally:
-        for p in processes:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
+        out_paths = workers.finish()
 
     results = [dict(np.load(path)) for path in out_paths]
     # Each process held two of the four devices, and passed the shards at their positions.
