@@ -12,7 +12,7 @@ from ._boundary import top_level
 from ._errors import SpecError, keystr
 from ._prefix import broadcast_prefix
 from ._roles import check_callable_result, is_array, is_user_callable
-from ._sharding import OUT_SHARDINGS, check_mesh, constrain, placed
+from ._sharding import OUT_SHARDINGS, check_mesh, constrain, placed, show
 
 __all__ = ["filter_shard"]
 
@@ -68,7 +68,7 @@ def filter_shard(tree: Any, shardings: Any, *, mesh: Any = None, process_local: 
         if not is_array(leaf):
             if exact and value is not None and not is_user_callable(value):
                 raise ValueError(
-                    f"{where} ({type(leaf).__name__}): filter_shard gives it {value}, but it is not "
+                    f"{where} ({type(leaf).__name__}): filter_shard gives it {show(value)}, but it is not "
                     f"an array. Give it None, or put the sharding on its subtree."
                 )
             leaves.append(leaf)

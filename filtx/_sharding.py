@@ -31,6 +31,7 @@ SHARDINGS = Placement(
     is_value=is_sharding_value,
     expected="jax.sharding.PartitionSpec, jax.sharding.Sharding or None",
     noun="sharding",
+    name=lambda value: show(value),
 )
 
 OUT_SHARDINGS = Placement(
@@ -39,6 +40,7 @@ OUT_SHARDINGS = Placement(
     is_value=is_sharding_value,
     expected="jax.sharding.PartitionSpec, jax.sharding.Sharding or None",
     noun="sharding",
+    name=lambda value: show(value),
 )
 
 SPECS = Placement(
@@ -48,6 +50,7 @@ SPECS = Placement(
     expected="jax.sharding.PartitionSpec, None (the default) or filtx.static",
     noun="PartitionSpec",
     nothing=PartitionSpec(),  # replicated: nothing to place, on a static leaf too
+    name=lambda value: show(value),
 )
 
 OUT_SPECS = Placement(
@@ -56,7 +59,16 @@ OUT_SPECS = Placement(
     is_value=is_spec_value,
     expected="jax.sharding.PartitionSpec, None or filtx.static",
     noun="PartitionSpec",
+    name=lambda value: show(value),
 )
+
+
+def show(value: Any) -> str:
+    """A sharding value as the user wrote it: `P('data', None)` for a PartitionSpec
+    (its repr differs between JAX versions)."""
+    if isinstance(value, PartitionSpec):
+        return "P(" + ", ".join(map(repr, value)) + ")"
+    return str(value)
 
 
 def ambient_mesh():
@@ -83,7 +95,7 @@ def placed(value: Any, mesh: Any, path: str, leaf: Any) -> Any:
     if isinstance(value, PartitionSpec):
         if target is None:
             raise ValueError(
-                f"{path}: the PartitionSpec {value} has no mesh to be read against. Pass "
+                f"{path}: the PartitionSpec {show(value)} has no mesh to be read against. Pass "
                 f"mesh= to the transform, or set one with `jax.set_mesh(mesh)`."
             )
         _check_axis_names(value, target, path)
@@ -106,7 +118,7 @@ def _check_axis_names(spec: PartitionSpec, mesh: Any, path: str) -> None:
         for name in entry if isinstance(entry, tuple) else (entry,):
             if name is not None and name is not PartitionSpec.UNCONSTRAINED and name not in names:
                 raise ValueError(
-                    f"{path}: the PartitionSpec {spec} names the axis {name!r}, which the mesh "
+                    f"{path}: the PartitionSpec {show(spec)} names the axis {name!r}, which the mesh "
                     f"does not have (its axes are {', '.join(map(repr, mesh.axis_names))})."
                 )
 

@@ -341,20 +341,22 @@ def test_steps_returning_non_array_leaves_keep_jax_fast_dispatch():
     for _ in range(3):
         model = step(model)
     slow_calls = []
-    python_dispatch = pjit._run_python_pjit if hasattr(pjit, "_run_python_pjit") else None
-    if python_dispatch is None:
+    # JAX's Python slow path: `_run_python_pjit` (0.8 and later), `_python_pjit_helper` before.
+    name = next((n for n in ("_run_python_pjit", "_python_pjit_helper") if hasattr(pjit, n)), None)
+    if name is None:
         pytest.fail("jax internals moved: update this test to the new slow-path function")
+    python_dispatch = getattr(pjit, name)
 
     def spy(*args, **kwargs):
         slow_calls.append(1)
         return python_dispatch(*args, **kwargs)
 
-    pjit._run_python_pjit = spy
+    setattr(pjit, name, spy)
     try:
         for _ in range(5):
             model = step(model)
     finally:
-        pjit._run_python_pjit = python_dispatch
+        setattr(pjit, name, python_dispatch)
     assert model["activation"] is jax.nn.relu and float(model["w"][0]) == 9.0
     assert slow_calls == []
 
