@@ -1,4 +1,5 @@
-"""End to end: `python -m filtx.demo --quick` and its worker protocol."""
+"""End to end: `python -m filtx.demo --quick`, its worker protocol, and the
+measuring helpers it shares with the benchmarks (`filtx.demo.measure`)."""
 
 import math
 import os
@@ -6,10 +7,11 @@ import pathlib
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
-from filtx import demo
+from filtx.demo import cli, donation, measure
 
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -78,7 +80,7 @@ def test_donation_lowers_the_peak(quick_run):
     # Parameters live in device memory on an accelerator, in host memory on CPU.
     column = "peak device" if "peak device" in rows["none"] else "peak RSS"
     kept = megabytes(rows["none"][column])
-    parameter_mb = demo.QUICK_CONFIG.parameter_mb()
+    parameter_mb = donation.QUICK_CONFIG.parameter_mb()
     for mode in ("arrays", "warn"):
         saved = kept - megabytes(rows[mode][column])
         # Ideally all the parameters but one layer's gradient; a quarter of
@@ -98,17 +100,17 @@ def test_only_warn_mode_shows_unusable_donation_warnings(quick_run):
 def test_a_failing_worker_reports_its_stderr():
     message = "(?s)mode 'bogus' failed.*unknown donation mode"
     with pytest.raises(RuntimeError, match=message):
-        demo.run_worker("donation", "bogus", quick=True, timeout=DEMO_TIMEOUT_S)
+        cli.run_worker("donation", "bogus", quick=True, timeout=DEMO_TIMEOUT_S)
 
 
 def test_a_worker_past_its_timeout_is_an_error():
     with pytest.raises(RuntimeError, match="ran past 0.01 s"):
-        demo.run_worker("donation", "none", quick=True, timeout=0.01)
+        cli.run_worker("donation", "none", quick=True, timeout=0.01)
 
 
 def test_unknown_section_is_refused(capsys):
     with pytest.raises(SystemExit) as exit:
-        demo.main(["--section", "nonexistent"])
+        cli.main(["--section", "nonexistent"])
     assert exit.value.code == 2
     assert "invalid choice: 'nonexistent'" in capsys.readouterr().err
 
@@ -128,3 +130,75 @@ def test_data_parallel_section_trains_across_devices_traced_once():
     assert float(re.search(r"time/step: (\S+) ms", out).group(1)) > 0
     assert "keeps its activation (tanh): yes" in out, out
     assert "donation" not in out  # only the section asked for
+
+
+#
+# The package: imported by nothing in the library, light until a section runs
+#
+
+
+def test_the_library_does_not_import_the_demo_and_the_demo_imports_lightly():
+    code = (
+        "import sys, filtx; "
+        "assert not [m for m in sys.modules if m.startswith('filtx.demo')], 'filtx imported the demo'; "
+        "import filtx.demo.cli, filtx.demo.measure; "
+        "heavy = {'equinox', 'optax'} & set(sys.modules); "
+        "assert not heavy, heavy"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=REPO_ROOT, timeout=DEMO_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr
+
+
+def test_demo_modules_are_small():
+    package = REPO_ROOT / "filtx" / "demo"
+    sizes = {path.name: len(path.read_text().splitlines()) for path in package.glob("*.py")}
+    assert {"__init__.py", "__main__.py", "cli.py", "measure.py"} <= set(sizes), sizes
+    assert max(sizes.values()) <= 300, sizes
+
+
+def test_help_lists_the_sections():
+    run = run_demo("--help")
+    assert run.returncode == 0, run.stderr
+    assert "donation" in run.stdout and "data_parallel" in run.stdout
+
+
+#
+# filtx.demo.measure
+#
+
+
+def test_peak_memory_figures():
+    import jax
+
+    assert measure.peak_rss_mb() > 10
+    cpu = jax.devices("cpu")[0]
+    assert measure.peak_device_mb(cpu) is None
+    assert measure.peak_mb(cpu) == pytest.approx(measure.peak_rss_mb(), rel=0.5)
+
+
+def test_json_worker_returns_every_object_it_printed():
+    code = "import json; print('noise'); print(json.dumps({'a': 1})); print(json.dumps({'b': 2}))"
+    results = measure.run_json_worker([sys.executable, "-c", code], what="the test worker", timeout=60)
+    assert results == [{"a": 1}, {"b": 2}]
+
+
+def test_json_worker_that_prints_nothing_is_an_error():
+    with pytest.raises(RuntimeError, match="the test worker printed no result"):
+        measure.run_json_worker([sys.executable, "-c", "pass"], what="the test worker", timeout=60)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_json_worker_past_its_timeout_is_killed(tmp_path):
+    """The launcher and the worker behind it both go: nothing is left running."""
+    pid_file = tmp_path / "pid"
+    code = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
+    with pytest.raises(RuntimeError, match="the sleeper ran past 2 s"):
+        measure.run_json_worker([sys.executable, "-c", code], what="the sleeper", timeout=2)
+    pid = int(pid_file.read_text())
+    status = pathlib.Path(f"/proc/{pid}/status")
+    for _ in range(100):  # reaped, or at least dead (a zombie) within 10 s
+        if not status.exists() or "\nState:\tZ" in status.read_text():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"worker {pid} still running after its timeout")

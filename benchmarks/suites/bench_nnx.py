@@ -2,7 +2,7 @@
 same model with a tied (shared) layer and the same SGD step.
 
 Every figure is a ratio of two timings measured in the same run (see
-`_bench_ratios.py` and README.md). The model is a 4-layer tanh MLP
+`_support/ratios.py` and README.md). The model is a 4-layer tanh MLP
 `in -> hidden -> hidden -> out` whose two hidden layers are **one** layer
 (tied weights), at two widths (64: dispatch dominates; 1024: compute does):
 
@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-import _bench_ratios as ratios
+from _support import ratios
 
 import filtx
 

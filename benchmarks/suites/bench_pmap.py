@@ -2,7 +2,7 @@
 devices.
 
 Every figure is a ratio of two timings measured in the same run (see
-`_bench_ratios.py` and README.md). The model is `leafy_mlp(100)` (100 array
+`_support/ratios.py` and README.md). The model is `leafy_mlp(100)` (100 array
 leaves, 2 activation-function leaves), replicated on a leading device axis of 8
 and already laid out across the devices.
 
@@ -16,29 +16,21 @@ and already laid out across the devices.
 Under `--benchmark-disable` each body runs once (a smoke test).
 """
 
-import os
-import sys
+import functools as ft
 
-_DEVICE_FLAG = "--xla_force_host_platform_device_count"
-if "jax" not in sys.modules and _DEVICE_FLAG not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" {_DEVICE_FLAG}=8").strip()
+import equinox as eqx
+import jax
+import numpy as np
+import pytest
 
-import functools as ft  # noqa: E402
+from _support import devices, models, ratios
 
-import equinox as eqx  # noqa: E402
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-
-import _bench_models as models  # noqa: E402
-import _bench_ratios as ratios  # noqa: E402
-
-import filtx  # noqa: E402
+import filtx
 
 
 SUITE = "pmap"
 SIZE = 100
-DEVICES = 8
+DEVICES = devices.COUNT
 WARM_GROUP = f"{SUITE}/warm-call/blocking/{SIZE}"
 WARM_BASELINE = "jax.pmap-params"
 WARM_VARIANTS = ("jax.pmap-params", "filtx", "eqx")
@@ -49,7 +41,7 @@ FIRST_ROUNDS = 7
 
 pytestmark = pytest.mark.skipif(
     jax.local_device_count() < DEVICES,
-    reason=f"needs {DEVICES} devices (XLA_FLAGS={_DEVICE_FLAG}=8 before JAX is imported)",
+    reason=f"needs {DEVICES} devices (XLA_FLAGS={devices.FLAG}={DEVICES} before JAX starts)",
 )
 
 

@@ -1,6 +1,6 @@
 """Donation modes side by side: time per training step and peak memory.
 
-A training step (`_bench_models.make_train_step`: one gradient of a mean-squared
+A training step (`models.make_train_step`: one gradient of a mean-squared
 error and one optax update, SGD or Adam) on Equinox MLPs of 16 square layers,
 from about 1 MB to about 1 GB of float32 parameters, compiled five ways:
 
@@ -13,11 +13,12 @@ from about 1 MB to about 1 GB of float32 parameters, compiled five ways:
 | `jax.jit donate` | `jax.jit(donate_argnums=(0, 1))` on `eqx.partition(model, eqx.is_array)` parameters and the optimiser state (**the baseline**) |
 | `jax.jit keep` | the same without `donate_argnums`: what not donating costs in JAX itself |
 
-Each (mode, optimiser, size) runs in a process of its own (started through a
-small launcher, so that `ru_maxrss` is the worker's own and not inherited from a
-large parent): it builds the model, compiles and runs one warm-up step, then
-times `steps` steps, each blocked on (`jax.block_until_ready`) so that its time
-is its own and no queued step holds extra buffers. The training loop rebinds the
+Each (mode, optimiser, size) runs in a process of its own
+(`filtx.demo.measure.run_json_worker`, whose small launcher makes `ru_maxrss`
+the worker's own and not inherited from a large parent): it builds the model,
+compiles and runs one warm-up step, then times `steps` steps, each blocked on
+(`jax.block_until_ready`) so that its time is its own and no queued step holds
+extra buffers. The training loop rebinds the
 model and optimiser state and keeps no other reference to them, so donated
 buffers can be reused. Figures per worker:
 
@@ -28,9 +29,9 @@ buffers can be reused. Figures per worker:
   libraries loaded); `increase_mb = peak_mb - base_mb` is what training took;
 - `limit_mb`: the physical limit, parameters plus optimiser state held once.
 
-This file is a plain module for `benchmarks/report.py` (`run_mode`), a worker
-(`python benchmarks/bench_donation.py --worker MODE OPTIMISER MB STEPS`), and a
-pytest smoke test (`test_worker_smoke`, a second or two under the default
+This file is a plain module for `benchmarks/report.py` (`run_all`), a worker
+(`python benchmarks/suites/bench_donation.py --worker MODE OPTIMISER MB STEPS`),
+and a pytest smoke test (`test_worker_smoke`, a second or two under the default
 `--benchmark-disable`).
 """
 
@@ -38,15 +39,17 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import statistics
-import subprocess
 import sys
 import time
 import warnings
 
-if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _bench_* helpers
+if __name__ == "__main__":  # a worker: `_support` lives one folder up
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# Standard library only at import time: `report.py` imports this module and
+# stays free of JAX. `filtx.demo.measure` is imported where it is used (its
+# package imports filtx, and so JAX).
 
 MODES = ("jax.jit donate", "jax.jit keep", "filtx none", "filtx arrays", "filtx warn", "eqx all")
 BASELINE = "jax.jit donate"
@@ -59,7 +62,7 @@ QUICK_SIZES = {"sgd": (1, 128), "adam": (16,)}
 FULL_STEPS = 5
 QUICK_STEPS = 3
 UNUSABLE_DONATION_WARNING = "Some donated buffers were not usable"
-_LAUNCHER = "import subprocess, sys; sys.exit(subprocess.run(sys.argv[1:]).returncode)"
+WORKER_TIMEOUT_S = 600
 
 
 def width_for(mb: float) -> int:
@@ -92,16 +95,6 @@ def state_multiple(name: str) -> int:
 #
 # Worker side
 #
-
-
-def _peak_mb(device) -> float:
-    """Peak memory so far: the device's peak on an accelerator, else this
-    process's ru_maxrss (KiB on Linux, bytes on macOS)."""
-    stats = device.memory_stats() if device.platform != "cpu" else None
-    if stats and "peak_bytes_in_use" in stats:
-        return stats["peak_bytes_in_use"] / 2**20
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
 
 
 def make_step(mode: str, train_step, model, opt_state):
@@ -137,12 +130,13 @@ def worker(mode: str, optimiser_name: str, mb: float, steps: int) -> dict:
     import equinox as eqx
     import jax
     import numpy as np
+    from _support import models
 
-    import _bench_models as models
+    from filtx.demo import measure
 
     device = jax.devices()[0]
     jax.block_until_ready(jax.numpy.ones(8) + 1)  # start the runtime
-    base = _peak_mb(device)
+    base = measure.peak_mb(device)
     width = width_for(mb)
     optim = optimiser(optimiser_name)
     # RBG keys: threefry's temporaries would make initialisation the peak.
@@ -165,7 +159,7 @@ def worker(mode: str, optimiser_name: str, mb: float, steps: int) -> dict:
             times.append(time.perf_counter() - start)
     loss = float(loss)
     unusable = sum(UNUSABLE_DONATION_WARNING in str(w.message) for w in caught)
-    peak = _peak_mb(device)
+    peak = measure.peak_mb(device)
     param_mb = params * 4 / 2**20
     return {
         "mode": mode,
@@ -195,21 +189,17 @@ def worker(mode: str, optimiser_name: str, mb: float, steps: int) -> dict:
 #
 
 
-def run_mode(mode: str, optimiser_name: str, mb: float, steps: int, timeout: float = 600) -> dict:
-    """One worker in a fresh process (through a small launcher, so its
-    `ru_maxrss` starts from its own size); returns its figures."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    worker_cmd = [sys.executable, os.path.join(here, "bench_donation.py"), "--worker",
-                  mode, optimiser_name, str(mb), str(steps)]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([here, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    done = subprocess.run([sys.executable, "-c", _LAUNCHER, *worker_cmd], capture_output=True,
-                          text=True, timeout=timeout, env=env)
-    if done.returncode != 0:
-        raise RuntimeError(f"donation worker {mode!r} {optimiser_name} {mb} MB failed "
-                           f"({done.returncode}):\n{done.stderr[-4000:]}")
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    return json.loads(lines[-1])
+def run_mode(mode: str, optimiser_name: str, mb: float, steps: int,
+             timeout: float = WORKER_TIMEOUT_S) -> dict:
+    """One worker in a fresh process of its own; returns its figures."""
+    from filtx.demo import measure
+
+    command = [sys.executable, os.path.abspath(__file__), "--worker",
+               mode, optimiser_name, str(mb), str(steps)]
+    results = measure.run_json_worker(
+        command, what=f"donation worker {mode!r} {optimiser_name} {mb} MB", timeout=timeout
+    )
+    return results[-1]
 
 
 def steps_for(mb: float, quick: bool) -> int:

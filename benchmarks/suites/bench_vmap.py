@@ -1,7 +1,7 @@
 """`filtx.filter_vmap` against `eqx.filter_vmap` and `jax.vmap`.
 
 Every figure is a ratio of two timings measured in the same run (see
-`_bench_ratios.py` and README.md). The workload is an ensemble of 8 MLPs, built
+`_support/ratios.py` and README.md). The workload is an ensemble of 8 MLPs, built
 with `filtx.filter_vmap(lambda key: eqx.nn.MLP(...))(keys)`, evaluated on one
 batch shared by every member (`in_axes=(if_array(0), None)`).
 
@@ -25,7 +25,7 @@ import jax
 import numpy as np
 import pytest
 
-import _bench_ratios as ratios
+from _support import ratios
 
 import filtx
 

@@ -1,7 +1,7 @@
 """Dispatch overhead of `filtx.filter_jit`, against `eqx.filter_jit` and `jax.jit`.
 
 Every figure is a ratio of two timings measured in the same run (see
-`_bench_ratios.py` and README.md):
+`_support/ratios.py` and README.md):
 
 - Warm calls of a trivial computation (one leaf + 1) on Equinox MLPs of 100 and
   1000 array leaves: filtx, eqx, `jax.jit` on the pre-partitioned parameters
@@ -17,7 +17,7 @@ Every figure is a ratio of two timings measured in the same run (see
   on the partitioned parameters and optimiser state.
 
 Under `--benchmark-disable` each body runs once (a smoke test, a few seconds in
-all, with two training steps instead of 100).
+all, with two training steps of a small MLP instead of 100 of the large one).
 """
 
 import functools as ft
@@ -27,8 +27,7 @@ import jax
 import numpy as np
 import pytest
 
-import _bench_models as models
-import _bench_ratios as ratios
+from _support import models, ratios
 
 import filtx
 
@@ -42,6 +41,9 @@ TRAIN_BASELINE = "jax.jit-params"
 TRAIN_VARIANTS = ("jax.jit-params", "filtx", "eqx")
 TRAIN_STEPS = 100
 TRAIN_SMOKE_STEPS = 2
+# In smoke mode the training loop runs on a small MLP (the timed one takes a
+# second to compile for each variant).
+TRAIN_SMOKE_MODEL = dict(in_size=32, out_size=32, width=64, depth=2)
 TRAIN_ROUNDS = 7
 TRAIN_BATCH = 8
 TRAIN_GROUP = f"{SUITE}/train-loop/{TRAIN_STEPS}-steps"
@@ -140,14 +142,18 @@ def test_warm_call(benchmark, size, sync, output, variant):
 #
 
 
+def train_model(smoke: bool):
+    return models.train_mlp(**(TRAIN_SMOKE_MODEL if smoke else {}))
+
+
 @ft.cache
-def train_setup(variant: str):
+def train_setup(variant: str, smoke: bool):
     """`(step, state)`: `step(*state, x, y) -> (*state, loss)` is one donating SGD
     step of this variant, `state` its initial (model or parameters, optimiser
     state). The state must be copied before use: the step donates it."""
     optim = models.sgd()
     train_step = models.make_train_step(optim)
-    model = models.train_mlp()
+    model = train_model(smoke)
     opt_state = optim.init(eqx.filter(model, eqx.is_inexact_array))
     if variant == "filtx":
         return filtx.filter_jit(train_step, donate="arrays"), (model, opt_state)
@@ -175,11 +181,11 @@ def train_loop(step, state, batches, steps):
 
 
 @pytest.mark.parametrize("variant", TRAIN_VARIANTS)
-def test_train_loop(benchmark, variant):
-    step, state = train_setup(variant)
-    model = models.train_mlp()
+def test_train_loop(benchmark, smoke, variant):
+    step, state = train_setup(variant, smoke)
+    model = train_model(smoke)
     batches = models.regression_batches(4, TRAIN_BATCH, model.in_size, model.out_size)
-    steps = TRAIN_SMOKE_STEPS if benchmark.disabled else TRAIN_STEPS
+    steps = TRAIN_SMOKE_STEPS if smoke else TRAIN_STEPS
     train_loop(step, models.fresh_copy(state), batches, 1)  # compile
 
     def setup():

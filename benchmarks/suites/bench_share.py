@@ -2,7 +2,7 @@
 when nothing is shared.
 
 Every figure is a ratio of two measurements taken in the same run (see
-`_bench_ratios.py` and README.md):
+`_support/ratios.py` and README.md):
 
 - **Tied, 64 MB x 16** (`share/tied-64MB-x16`): one 64 MB float32 array is
   referenced 16 times in the arguments; the function updates each distinct
@@ -18,7 +18,7 @@ Every figure is a ratio of two measurements taken in the same run (see
   (`filtx-share-memory.json`).
 - **No sharing** (`share/no-sharing/{100,1000}`): warm blocking calls of
   `model.layers[0].weight + 1` on Equinox MLPs with 100 and 1000 array leaves
-  (`_bench_models.leafy_mlp`), none shared: `share=True` against `share=False`
+  (`models.leafy_mlp`), none shared: `share=True` against `share=False`
   (**the baseline**): the price of looking for sharing.
 
 Targets (asserted with `FILTX_BENCH_ASSERT=1` and timing on), on medians:
@@ -36,21 +36,19 @@ from __future__ import annotations
 
 import json
 import os
-import resource
-import subprocess
 import sys
 
-if __name__ == "__main__":  # a memory probe: `python bench_share.py --probe ...`
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _bench_* helpers
+if __name__ == "__main__":  # a memory probe: `_support` lives one folder up
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import _bench_models as models
-import _bench_ratios as ratios
+from _support import models, ratios
 import filtx
+from filtx.demo import measure
 
 
 SUITE = "share"
@@ -109,7 +107,7 @@ def tied_array(mb: int) -> jax.Array:
 
 
 def _maxrss_kib() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    return round(measure.peak_rss_mb() * 1024)
 
 
 def probe(variant: str, mb: int) -> dict:
@@ -134,23 +132,16 @@ def probe(variant: str, mb: int) -> dict:
     }
 
 
-# Linux carries a process's resident size at fork into its child's ru_maxrss
-# (through exec too), so a probe started straight from this (large) pytest
-# process would start from this process's size. A small launcher process in
-# between gives each probe an ru_maxrss of its own.
-_LAUNCHER = "import subprocess, sys; sys.exit(subprocess.run(sys.argv[1:]).returncode)"
-
-
 def run_probes(variants, mb: int) -> list[dict]:
-    """Each element of `variants` (a tuple of variant names) in one subprocess."""
+    """Each element of `variants` (a tuple of variant names) in one subprocess of
+    its own (`filtx.demo.measure.run_json_worker`: its `ru_maxrss` starts from
+    its own size, not this pytest process's)."""
     results = []
     for group in variants:
-        probe_command = [sys.executable, os.path.abspath(__file__), "--probe", str(mb), *group]
-        command = [sys.executable, "-c", _LAUNCHER, *probe_command]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
-        assert done.returncode == 0, f"memory probe {group} failed:\n{done.stderr[-4000:]}"
-        lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-        results.extend(json.loads(line) for line in lines)
+        command = [sys.executable, os.path.abspath(__file__), "--probe", str(mb), *group]
+        results += measure.run_json_worker(
+            command, what=f"memory probe {group}", timeout=PROBE_TIMEOUT_S
+        )
     return results
 
 
@@ -158,17 +149,12 @@ def run_probes(variants, mb: int) -> list[dict]:
 # The benchmarks
 
 
-def timing_on(config) -> bool:
-    option = lambda name: config.getoption(name, False)  # noqa: E731
-    return not ((option("benchmark_disable") and not option("benchmark_enable")) or option("benchmark_skip"))
-
-
 @pytest.mark.parametrize("variant", TIED_VARIANTS)
-def test_tied(benchmark, variant):
-    mb = SMOKE_MB if benchmark.disabled else TIED_MB
+def test_tied(benchmark, smoke, variant):
+    mb = SMOKE_MB if smoke else TIED_MB
     x = tied_array(mb)
     fn, args = tied_call(variant, x)
-    for _ in range(2 if benchmark.disabled else 3):  # compile, then take JAX's fast path
+    for _ in range(2 if smoke else 3):  # compile, then take JAX's fast path
         out = jax.block_until_ready(fn(*args))
     check_tied_output(variant, out, x)
     del out
@@ -205,10 +191,10 @@ def test_no_sharing(benchmark, variant, size):
     )
 
 
-def test_tied_memory(request, capsys):
+def test_tied_memory(request, smoke, capsys):
     """Peak memory of the tied variants, each in its own process."""
     config = request.config
-    if not timing_on(config):
+    if smoke:
         # Smoke test: the probe protocol, every variant in one small process.
         results = run_probes([TIED_VARIANTS], SMOKE_MB)
         assert [r["variant"] for r in results] == list(TIED_VARIANTS)
@@ -232,7 +218,7 @@ def test_tied_memory(request, capsys):
     lines.append(f"  (baseline: {TIED_BASELINE}; increase = ru_maxrss after the call - before it)")
     with capsys.disabled():
         print("\n" + "\n".join(lines))
-    path = os.path.join(os.path.dirname(os.path.abspath(_ratios_path(config))), MEMORY_FILE)
+    path = os.path.join(os.path.dirname(os.path.abspath(ratios.ratios_path(config))), MEMORY_FILE)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         json.dump({"group": f"{SUITE}/tied-{TIED_MB}MB-x{REFS}/peak-memory", "variants": table}, f, indent=2)
@@ -240,13 +226,6 @@ def test_tied_memory(request, capsys):
     if ratios.targets_skip_reason(config) is None:
         assert table["share=True"]["increase_ratio"] <= 1.3, table
         assert table["share=True"]["peak_ratio"] <= 1.3, table
-
-
-def _ratios_path(config) -> str:
-    path = os.environ.get(ratios.ENV_PATH)
-    if path:
-        return path
-    return os.path.join(str(config.rootpath), ratios.DEFAULT_PATH)
 
 
 TARGETS = [

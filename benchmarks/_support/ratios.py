@@ -8,8 +8,8 @@ in the same pytest run.
 
 The session's results live in `RESULTS`; `benchmarks/conftest.py` prints them as
 ratio tables at the end of a run and writes them as JSON (format in
-`benchmarks/README.md`). Under `--benchmark-disable` nothing is timed, so nothing
-is recorded, printed or written.
+`benchmarks/README.md`). Under `--benchmark-disable` nothing is timed (smoke
+mode, `timing_on` is false), so nothing is recorded, printed or written.
 """
 
 import dataclasses
@@ -145,15 +145,27 @@ def groups() -> dict[str, list[Result]]:
 #
 
 
+def timing_on(config) -> bool:
+    """Whether this pytest run times anything: `--benchmark-enable` given (the
+    project's addopts say `--benchmark-disable`) and `--benchmark-skip` not.
+    Otherwise the suites run in smoke mode: each body once, on small sizes."""
+    option = lambda name: config.getoption(name, False)  # noqa: E731
+    disabled = option("benchmark_disable") and not option("benchmark_enable")
+    return not (disabled or option("benchmark_skip"))
+
+
+def ratios_path(config) -> str:
+    """Where this run's ratios go: `$FILTX_BENCH_RATIOS`, else
+    `<rootdir>/.benchmarks/filtx-ratios.json`."""
+    return os.environ.get(ENV_PATH) or os.path.join(str(config.rootpath), DEFAULT_PATH)
+
+
 def targets_skip_reason(config) -> str | None:
     """Why ratio targets must not be asserted now, or `None` if they must.
 
     Targets are asserted only when timing is on and `FILTX_BENCH_ASSERT=1`: shared
     CI machines are too noisy for them."""
-    disabled = config.getoption("benchmark_disable", False) and not config.getoption(
-        "benchmark_enable", False
-    )
-    if disabled or config.getoption("benchmark_skip", False):
+    if not timing_on(config):
         return "benchmarks are disabled or skipped: nothing was timed"
     if os.environ.get(ENV_ASSERT, "") not in ("1", "true", "yes"):
         return f"ratio targets are asserted only with {ENV_ASSERT}=1"
@@ -186,8 +198,8 @@ def check_target(
     mine, theirs = RESULTS[group, variant], RESULTS[group, over]
     return (
         f"{group}: {stat} {variant} / {over} = {value:.3f} > {at_most} "
-        f"({variant} {_format_time(getattr(mine, stat))}, "
-        f"{over} {_format_time(getattr(theirs, stat))})"
+        f"({variant} {format_time(getattr(mine, stat))}, "
+        f"{over} {format_time(getattr(theirs, stat))})"
     )
 
 
@@ -196,10 +208,12 @@ def check_target(
 #
 
 
-def _format_time(seconds: float | None) -> str:
+def format_time(seconds: float | None, micro: str = "us") -> str:
+    """`seconds` in s, ms, `micro` (µs) or ns, three significant digits; "-"
+    for None. Plain-text tables say "us"; the report's Markdown says "µs"."""
     if seconds is None:
         return "-"
-    for scale, suffix in ((1.0, "s"), (1e-3, "ms"), (1e-6, "us")):
+    for scale, suffix in ((1.0, "s"), (1e-3, "ms"), (1e-6, micro)):
         if seconds >= scale:
             return f"{seconds / scale:.3g} {suffix}"
     return f"{seconds / 1e-9:.3g} ns"
@@ -224,9 +238,9 @@ def format_tables(extra_ratios: Iterable[tuple[str, str]] = (("filtx", "eqx"),))
         )
         for r in results:
             lines.append(
-                f"  {r.variant:<{width}}  {_format_time(r.median):>9}  "
+                f"  {r.variant:<{width}}  {format_time(r.median):>9}  "
                 f"{_format_ratio(ratio(group, r.variant)):>6}  "
-                f"{_format_time(r.min):>9}  "
+                f"{format_time(r.min):>9}  "
                 f"{_format_ratio(ratio(group, r.variant, stat='min')):>6}"
             )
         lines.append(f"  (baseline: {first.baseline})")

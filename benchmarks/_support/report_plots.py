@@ -1,0 +1,130 @@
+"""The plots of `docs/benchmarks.md` (PNG, matplotlib's Agg backend).
+
+Every plot compares against **one** baseline, names it, says its unit and
+that lower is better:
+
+- `donation_memory.png`: peak memory increase (MB) against model size, one
+  panel per optimiser, one line per mode; the baseline mode is the thick black
+  line, the physical limit (parameters and optimiser state held once) dashed.
+- `donation_time.png`: time per step divided by the baseline mode's at the
+  same optimiser and size, against model size.
+- `<suite>.png`: one panel per group of a pytest-benchmark suite, one bar per
+  variant: its median time divided by the group's baseline's (the grey bar,
+  1.0), annotated with the ratio and the median itself.
+"""
+
+from __future__ import annotations
+
+import os
+
+from _support.report_pages import fmt_time
+
+FONT = 10
+DONATION_STYLES = {  # mode -> matplotlib line style; overlapping lines stay visible
+    "jax.jit donate": dict(color="black", linewidth=2.6, marker="o", markersize=7),
+    "jax.jit keep": dict(color="0.55", linestyle="--", marker="s"),
+    "filtx none": dict(color="tab:orange", marker="^"),
+    "filtx arrays": dict(color="tab:blue", marker="v"),
+    "filtx warn": dict(color="tab:cyan", linestyle=":", marker="x", markersize=8),
+    "eqx all": dict(color="tab:purple", linestyle="-.", marker="D", markersize=4),
+}
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update({"font.size": FONT, "axes.titlesize": FONT + 1,
+                         "axes.labelsize": FONT, "legend.fontsize": FONT - 1})
+    return plt
+
+
+def plot_donation(rows: list[dict], img: str, memory_label: str, plan) -> list[str]:
+    """Both donation plots; `plan` is the `bench_donation` module. Returns the
+    files written."""
+    plt = _pyplot()
+    optimisers = [o for o in plan.OPTIMISERS if any(r["optimiser"] == o for r in rows)]
+    base = {(r["optimiser"], r["param_mb"]): r for r in rows if r["mode"] == plan.BASELINE}
+    written = []
+    for figure, title, value, ylabel in (
+        ("donation_memory.png", f"Training step: {memory_label} increase by donation mode",
+         lambda r: r["increase_mb"],
+         f"{memory_label} increase (MB, log scale)\nlower is better"),
+        ("donation_time.png", f"Training step: time per step relative to {plan.BASELINE}",
+         lambda r: r["median_s"] / base[r["optimiser"], r["param_mb"]]["median_s"],
+         f"time per step ÷ {plan.BASELINE}'s\n(median; 1.0 = baseline; lower is better)"),
+    ):
+        fig, axes = plt.subplots(1, len(optimisers), figsize=(6.5 * len(optimisers), 5),
+                                 squeeze=False)
+        for ax, opt in zip(axes[0], optimisers):
+            mine = [r for r in rows if r["optimiser"] == opt]
+            for mode in plan.MODES:
+                points = sorted((r["param_mb"], value(r)) for r in mine if r["mode"] == mode)
+                if points:
+                    label = f"{mode} (baseline)" if mode == plan.BASELINE else mode
+                    ax.plot(*zip(*points), label=label, **DONATION_STYLES.get(mode, {}))
+            if figure == "donation_memory.png":
+                limits = sorted({(r["param_mb"], r["limit_mb"]) for r in mine})
+                ax.plot(*zip(*limits), color="black", linestyle="--", linewidth=1,
+                        marker="_", markersize=14,
+                        label="limit: parameters + optimiser state, once")
+                ax.set_yscale("log")
+            else:
+                ax.axhline(1.0, color="black", linewidth=1)
+            ax.set_xscale("log")
+            ax.set_xlabel("model size: float32 parameters (MB, log scale)")
+            ax.set_ylabel(ylabel)
+            ax.set_title(f"{opt.upper() if opt == 'sgd' else opt.capitalize()}")
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend()
+        fig.suptitle(title)
+        fig.tight_layout()
+        path = os.path.join(img, figure)
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def plot_suite(suite: str, groups: dict, img: str) -> str | None:
+    """One panel per group of `suite`; returns the file written (None if the
+    suite measured nothing)."""
+    mine = {name: g for name, g in groups.items() if g.get("suite") == suite
+            and any(v["ratio"] is not None for v in g["variants"].values())}
+    if not mine:
+        return None
+    plt = _pyplot()
+    heights = [len(g["variants"]) for g in mine.values()]
+    fig, axes = plt.subplots(
+        len(mine), 1, figsize=(8, sum(0.42 * h + 0.9 for h in heights) + 0.6),
+        gridspec_kw={"height_ratios": [h + 2 for h in heights]}, squeeze=False,
+    )
+    for ax, (name, g) in zip(axes[:, 0], mine.items()):
+        variants = [(variant, v) for variant, v in g["variants"].items() if v["ratio"] is not None]
+        ratios = [v["ratio"] for _, v in variants]
+        largest = max(max(ratios), 1.0)  # each panel its own scale: its own baseline
+        colors = ["0.6" if variant == g["baseline"] else "tab:blue" for variant, _ in variants]
+        labels = [f"{variant} (baseline)" if variant == g["baseline"] else variant
+                  for variant, _ in variants]
+        ax.barh(range(len(variants)), ratios, color=colors, height=0.65)
+        ax.axvline(1.0, color="black", linewidth=1)
+        ax.set_yticks(range(len(variants)), labels)
+        ax.invert_yaxis()
+        ax.set_xlim(0, largest * 1.65)
+        for i, (_, v) in enumerate(variants):  # right of the bar and of the 1.0 line
+            ax.text(max(v["ratio"], 1.0) + 0.02 * largest, i,
+                    f"{v['ratio']:.2f}×  ({fmt_time(v['median_s'])} per {g['unit']})",
+                    va="center", fontsize=FONT - 1)
+        ax.set_title(f"{name.split('/', 1)[-1]}  ·  baseline: {g['baseline']}", loc="left")
+        ax.grid(True, axis="x", alpha=0.3)
+    axes[-1, 0].set_xlabel(
+        "median time ÷ the group's baseline median (same run; 1.0 = baseline; lower is better)"
+    )
+    fig.suptitle(f"{suite}: time relative to each group's baseline (lower is better)")
+    fig.tight_layout()
+    path = os.path.join(img, f"{suite}.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
