@@ -14,7 +14,7 @@ What it does:
    time per step and peak memory (`ru_maxrss`, or the device's
    `peak_bytes_in_use` on a GPU).
 2. The pytest-benchmark suites (`suites/bench_dispatch.py`, `bench_vmap.py`,
-   `bench_pmap.py`, `bench_share.py`, `bench_nnx.py`) in one
+   `bench_pmap.py`, `bench_share.py`, `bench_nnx.py`, `bench_sharding.py`) in one
    `python -m pytest ... --benchmark-enable` subprocess whose ratios go to a
    temporary `FILTX_BENCH_RATIOS` file, read back here.
 3. `<output>/benchmarks.md`: the date, the machine and the versions, then one
@@ -48,7 +48,7 @@ import bench_donation  # noqa: E402  (standard library only at import time)
 from _support import report_pages as pages  # noqa: E402
 from _support import report_plots as plots  # noqa: E402
 
-PYTEST_SUITES = ("dispatch", "vmap", "pmap", "share", "nnx")
+PYTEST_SUITES = ("dispatch", "vmap", "pmap", "share", "nnx", "sharding")
 # pytest-benchmark's calibration, shortened for --quick (pedantic tests keep
 # their own fixed rounds).
 QUICK_PYTEST_OPTIONS = ("--benchmark-max-time=0.03", "--benchmark-min-rounds=3",
@@ -181,6 +181,7 @@ def write(data: dict, output: str) -> str:
     plots.plot_donation(data["donation"], img, memory_label, bench_donation)
     for suite in PYTEST_SUITES:
         plots.plot_suite(suite, suites["groups"], img)
+    plots.plot_fsdp_memory(suites["groups"], img)
 
     now = datetime.datetime.fromisoformat(data["time"])
     lines = pages.header(now=now, quick=data["quick"], info=data["info"], device=device, gpu=gpu,

@@ -121,7 +121,10 @@ class Boundary:
                 not (check_buffers or self.share or plan.aliased)
                 and self.runtime_refuses_aliasing
                 and len(set(map(id, dynamic))) == len(dynamic)
-                and _share.single_device_call(dynamic)
+                and _share.single_device_call(
+                    list(compress(dynamic, plan.donate_mask)),
+                    compress(compress(types, plan.dynamic_mask), plan.donate_mask),
+                )
             ):
                 # One device, no object twice: JAX's runtime refuses distinct array
                 # objects over one buffer before running, and dispatch splits again.
@@ -250,8 +253,13 @@ _FLAT_SIGNATURE = inspect.Signature([inspect.Parameter("dynamic", inspect.Parame
 
 
 def _check_unchanged(root: Any, passed: tuple, plan: Plan, transform: str) -> None:
-    """Refuse a call that assigned into its arguments: the change would be lost."""
-    after, treedef = jax.tree_util.tree_flatten(root)
+    """Refuse a call that assigned into its arguments: the change would be lost.
+    An argument that refuses to be flattened again (an `eqx.nn.State` the call
+    consumed, on purpose) is the owner's business: nothing is said."""
+    try:
+        after, treedef = jax.tree_util.tree_flatten(root)
+    except Exception:
+        return
     if treedef == plan.treedef and all(map(_same_leaf, after, passed)):
         return
     before_paths = call_leaf_paths(plan.treedef.unflatten(passed))

@@ -8,8 +8,8 @@ when a donated buffer is aliased (JAX rejects donating one buffer twice).
 
 from __future__ import annotations
 
-from itertools import compress
-from operator import attrgetter, methodcaller
+from itertools import compress, repeat
+from operator import attrgetter, is_, methodcaller
 from typing import Any
 
 import jax
@@ -44,26 +44,34 @@ _buffer_pointer = methodcaller("unsafe_buffer_pointer")
 _single_device_process: list = []
 
 
-def single_device_call(dynamic: list) -> bool:
-    """Whether this call can only run on one device, where JAX's runtime refuses a
-    donation of aliased buffers cleanly, before running anything (on several
-    devices XLA may crash instead). One process with one device; or a first leaf
-    committed to one device (committed leaves must share its device); or every
-    leaf on a single device."""
+def single_device_call(donated: list, types) -> bool:
+    """Whether the donated buffers of this call stand on one device each, where
+    JAX's runtime refuses a donation of aliased buffers cleanly, before running
+    anything (over several devices XLA may crash instead): one process with one
+    device; or no donated leaf committed (an uncommitted array is on the default
+    device, and is copied where a computation over several devices needs it); or
+    a first donated leaf committed to one device (committed leaves must share its
+    device); or every donated `jax.Array` on a single device (NumPy arrays are
+    copied in: never aliased)."""
     if not _single_device_process:
         _single_device_process.append(jax.device_count() == 1)
     if _single_device_process[0]:
         return True
-    try:
-        first = dynamic[0]
-        if first._committed and type(first.sharding) is SingleDeviceSharding:
-            return True
-        return all(type(s) is SingleDeviceSharding for s in map(_sharding, dynamic))
-    except (AttributeError, IndexError):  # NumPy arrays: not placed yet
-        return False
+    arrays = list(compress(donated, map(is_, types, repeat(_ARRAY))))  # NumPy arrays out (by `types`)
+    if not arrays or not any(map(_committed, arrays)):
+        return True
+    first = arrays[0]
+    if first._committed and type(first.sharding) is SingleDeviceSharding:
+        return True
+    return all(type(s) is SingleDeviceSharding for s in map(_sharding, arrays))
 
 
+try:  # jax.Array's implementation (`isinstance(x, jax.Array)` is slow: an ABC check)
+    from jax._src.array import ArrayImpl as _ARRAY
+except ImportError:  # pragma: no cover
+    _ARRAY = jax.Array
 _sharding = attrgetter("sharding")
+_committed = attrgetter("_committed")
 
 
 _is_deleted = methodcaller("is_deleted")

@@ -82,7 +82,7 @@ class Wrapper:
         self._fun = as_pytree(fun)
         self._given = fun
         self._options = options
-        for attribute in ("__module__", "__name__", "__qualname__", "__doc__"):
+        for attribute in ("__module__", "__name__", "__qualname__", "__doc__", "__annotations__", "__type_params__"):
             try:
                 value = getattr(fun, attribute)
             except AttributeError:

@@ -355,3 +355,35 @@ def test_fun_by_keyword_as_in_equinox():
     f = filtx.filter_jit(fun=lambda x: x + 1)
     assert float(f(jnp.ones(()))) == 2.0
     assert filtx.filter_vmap(fun=lambda x: x + 1)(jnp.ones(2)).shape == (2,)
+
+
+def test_an_equinox_state_consumed_inside_is_no_in_place_change():
+    class Counter(eqx.Module):
+        index: eqx.nn.StateIndex
+
+        def __init__(self):
+            self.index = eqx.nn.StateIndex(jnp.array(0))
+
+        def __call__(self, x, state):
+            value = state.get(self.index)
+            return x + value, state.set(self.index, value + 1)
+
+    counter, state = eqx.nn.make_with_state(Counter)()
+    step = filtx.filter_jit(lambda m, x, s: m(x, s))
+    x, state = step(counter, jnp.ones(()), state)
+    x, state = step(counter, x, state)
+    assert float(x) == 2.0 and int(state.get(counter.index)) == 2
+
+
+def test_wrappers_keep_the_wrapped_functions_annotations():
+    def f(x: int) -> str:
+        """some doc"""
+        return "hi"
+
+    for make in (filtx.filter_jit, filtx.filter_vmap, filtx.filter_pmap, filtx.filter_shard_map):
+        wrapped = make(f)
+        assert wrapped.__annotations__ == {"x": int, "return": str} and wrapped.__doc__ == "some doc"
+        # ...also once flattened and unflattened by an enclosing transformation
+        seen = []
+        filtx.filter_jit(lambda k: seen.append((k.__name__, k.__annotations__)))(wrapped)
+        assert seen == [("f", {"x": int, "return": str})]

@@ -17,7 +17,17 @@ SUITE_TITLES = {
     "pmap": "filter_pmap on 8 virtual CPU devices (`suites/bench_pmap.py`)",
     "share": "Shared leaves, `share=True` (`suites/bench_share.py`)",
     "nnx": "Flax NNX as a peer: tied layer, SGD step (`suites/bench_nnx.py`)",
+    "sharding": "Sharded training on 8 virtual CPU devices (`suites/bench_sharding.py`)",
 }
+
+
+def fsdp_bytes(groups: dict) -> dict | None:
+    """The bytes per device the FSDP group recorded, or None."""
+    for name, g in groups.items():
+        p = g.get("params") or {}
+        if g.get("suite") == "sharding" and "bytes_per_device_fsdp" in p:
+            return p
+    return None
 
 
 def fmt_time(seconds: float | None) -> str:
@@ -158,6 +168,17 @@ def suite_section(suite: str, groups: dict, share_memory: dict | None) -> list[s
             rows.append([shown, fmt_mb(r["increase_kib"] / 1024), fmt_ratio(r["increase_ratio"]),
                          fmt_mb(r["after_kib"] / 1024), fmt_ratio(r["peak_ratio"])])
         lines += table(["variant", "increase MB", "ratio", "peak MB", "ratio"], rows)
+    memory = fsdp_bytes(mine) if suite == "sharding" else None
+    if memory:
+        lines += ["", "Parameters and optimiser state held per device (the most any device holds, "
+                  "summed over its addressable shards); baseline **replicated**:", ""]
+        replicated, sharded = memory["bytes_per_device_replicated"], memory["bytes_per_device_fsdp"]
+        lines += table(["layout", "MB per device", "ratio"], [
+            ["**replicated**", fmt_mb(replicated / 2**20), fmt_ratio(1.0)],
+            ["fsdp", fmt_mb(sharded / 2**20), fmt_ratio(sharded / replicated)],
+        ])
+        lines += ["", "![FSDP against replication: parameters and optimiser state held per device, "
+                  "MB; lower is better](img/sharding_memory.png)"]
     lines += ["", f"![{suite}: each group's median times divided by its baseline's; "
               f"lower is better](img/{suite}.png)", ""]
     return lines

@@ -8,6 +8,8 @@ that lower is better:
   line, the physical limit (parameters and optimiser state held once) dashed.
 - `donation_time.png`: time per step divided by the baseline mode's at the
   same optimiser and size, against model size.
+- `sharding_memory.png`: parameters and optimiser state held per device, FSDP
+  against replication (the baseline).
 - `<suite>.png`: one panel per group of a pytest-benchmark suite, one bar per
   variant: its median time divided by the group's baseline's (the grey bar,
   1.0), annotated with the ratio and the median itself.
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import os
 
-from _support.report_pages import fmt_time
+from _support.report_pages import fmt_time, fsdp_bytes
 
 FONT = 10
 DONATION_STYLES = {  # mode -> matplotlib line style; overlapping lines stay visible
@@ -26,6 +28,7 @@ DONATION_STYLES = {  # mode -> matplotlib line style; overlapping lines stay vis
     "filtx none": dict(color="tab:orange", marker="^"),
     "filtx arrays": dict(color="tab:blue", marker="v"),
     "filtx warn": dict(color="tab:cyan", linestyle=":", marker="x", markersize=8),
+    "filtx strict": dict(color="tab:green", linestyle=(0, (1, 2)), marker="+", markersize=9),
     "eqx all": dict(color="tab:purple", linestyle="-.", marker="D", markersize=4),
 }
 
@@ -125,6 +128,29 @@ def plot_suite(suite: str, groups: dict, img: str) -> str | None:
     fig.suptitle(f"{suite}: time relative to each group's baseline (lower is better)")
     fig.tight_layout()
     path = os.path.join(img, f"{suite}.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_fsdp_memory(groups: dict, img: str) -> str | None:
+    """Bytes per device, FSDP against replication; returns the file written."""
+    memory = fsdp_bytes(groups)
+    if memory is None:
+        return None
+    plt = _pyplot()
+    values = [memory["bytes_per_device_replicated"] / 2**20, memory["bytes_per_device_fsdp"] / 2**20]
+    fig, ax = plt.subplots(figsize=(7, 2.6))
+    ax.barh([0, 1], values, color=["0.6", "tab:blue"], height=0.6)
+    ax.set_yticks([0, 1], ["replicated (baseline)", f"fsdp ({memory['devices']} devices)"])
+    ax.invert_yaxis()
+    for i, v in enumerate(values):
+        ax.text(v, i, f"  {v:.2f} MB ({v / values[0]:.3f}×)", va="center", fontsize=FONT - 1)
+    ax.set_xlim(0, values[0] * 1.4)
+    ax.set_xlabel("parameters + optimiser state per device (MB; lower is better)")
+    ax.set_title("FSDP against replication: memory held per device", loc="left")
+    fig.tight_layout()
+    path = os.path.join(img, "sharding_memory.png")
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

@@ -47,6 +47,13 @@ TRAIN_SMOKE_MODEL = dict(in_size=32, out_size=32, width=64, depth=2)
 TRAIN_ROUNDS = 7
 TRAIN_BATCH = 8
 TRAIN_GROUP = f"{SUITE}/train-loop/{TRAIN_STEPS}-steps"
+# The donation issue's loop: the same pipelined, donating SGD loop on narrow MLPs
+# of about 100 and 1000 array leaves, where dispatch (not compute) dominates.
+LEAFY_TRAIN = (100, 1000)
+
+
+def leafy_group(size: int) -> str:
+    return f"{SUITE}/train-loop-{size}-leaves/{TRAIN_STEPS}-steps"
 
 
 #
@@ -142,18 +149,20 @@ def test_warm_call(benchmark, size, sync, output, variant):
 #
 
 
-def train_model(smoke: bool):
+def train_model(smoke: bool, leaves: int | None = None):
+    if leaves is not None:
+        return models.leafy_mlp(leaves)
     return models.train_mlp(**(TRAIN_SMOKE_MODEL if smoke else {}))
 
 
 @ft.cache
-def train_setup(variant: str, smoke: bool):
+def train_setup(variant: str, smoke: bool, leaves: int | None = None):
     """`(step, state)`: `step(*state, x, y) -> (*state, loss)` is one donating SGD
     step of this variant, `state` its initial (model or parameters, optimiser
     state). The state must be copied before use: the step donates it."""
     optim = models.sgd()
     train_step = models.make_train_step(optim)
-    model = train_model(smoke)
+    model = train_model(smoke, leaves)
     opt_state = optim.init(eqx.filter(model, eqx.is_inexact_array))
     if variant == "filtx":
         return filtx.filter_jit(train_step, donate="arrays"), (model, opt_state)
@@ -180,10 +189,13 @@ def train_loop(step, state, batches, steps):
     return jax.block_until_ready((state, loss))
 
 
-@pytest.mark.parametrize("variant", TRAIN_VARIANTS)
-def test_train_loop(benchmark, smoke, variant):
-    step, state = train_setup(variant, smoke)
-    model = train_model(smoke)
+TRAIN_CASES = [(None, v) for v in TRAIN_VARIANTS] + [(n, v) for n in LEAFY_TRAIN for v in TRAIN_VARIANTS]
+
+
+@pytest.mark.parametrize("leaves, variant", TRAIN_CASES)
+def test_train_loop(benchmark, smoke, leaves, variant):
+    step, state = train_setup(variant, smoke, leaves)
+    model = train_model(smoke, leaves)
     batches = models.regression_batches(4, TRAIN_BATCH, model.in_size, model.out_size)
     steps = TRAIN_SMOKE_STEPS if smoke else TRAIN_STEPS
     train_loop(step, models.fresh_copy(state), batches, 1)  # compile
@@ -195,13 +207,14 @@ def test_train_loop(benchmark, smoke, variant):
         benchmark,
         train_loop,
         suite=SUITE,
-        group=TRAIN_GROUP,
+        group=TRAIN_GROUP if leaves is None else leafy_group(leaves),
         variant=variant,
         baseline=TRAIN_BASELINE,
         params={
             "steps": steps,
             "batch": TRAIN_BATCH,
             "parameters": models.count_params(model),
+            "arrays": models.count_leaves(model)[0],
             "donate": True,
         },
         unit="step",
@@ -233,6 +246,7 @@ TARGETS = [
     *[(warm_group("blocking", n), "filtx", WARM_BASELINE, 1.2, "min") for n in SIZES],
     *[(warm_group("blocking", n), "filtx", "eqx", 1.0, "min") for n in SIZES],
     (TRAIN_GROUP, "filtx", "eqx", 1.0, "min"),
+    *[(leafy_group(n), "filtx", TRAIN_BASELINE, 1.1, "min") for n in LEAFY_TRAIN],
 ]
 
 

@@ -51,7 +51,7 @@ if __name__ == "__main__":  # a worker: `_support` lives one folder up
 # stays free of JAX. `filtx.demo.measure` is imported where it is used (its
 # package imports filtx, and so JAX).
 
-MODES = ("jax.jit donate", "jax.jit keep", "filtx none", "filtx arrays", "filtx warn", "eqx all")
+MODES = ("jax.jit donate", "jax.jit keep", "filtx none", "filtx arrays", "filtx warn", "filtx strict", "eqx all")
 BASELINE = "jax.jit donate"
 OPTIMISERS = ("sgd", "adam")
 DEPTH = 15  # hidden layers: 16 square Linear layers in all
@@ -110,6 +110,9 @@ def make_step(mode: str, train_step, model, opt_state):
         return filtx.filter_jit(train_step, donate="arrays"), (model, opt_state)
     if mode == "filtx warn":
         return filtx.filter_jit(train_step, donate="warn"), (model, opt_state)
+    if mode == "filtx strict":  # the batch kept (strict refuses donating it: no output is its shape)
+        strict = filtx.filter_jit(train_step, donate="strict", specs={"x": filtx.traced, "y": filtx.traced})
+        return strict, (model, opt_state)
     if mode == "eqx all":
         return eqx.filter_jit(train_step, donate="all"), (model, opt_state)
     if mode in ("jax.jit donate", "jax.jit keep"):

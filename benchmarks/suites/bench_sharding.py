@@ -1,0 +1,228 @@
+"""Sharded training on 8 virtual CPU devices: `filter_jit` with shardings,
+`filter_shard_map`, and what FSDP saves per device.
+
+Every figure is a ratio of two timings measured in the same run (see
+`_support/ratios.py` and README.md):
+
+- A data-parallel training step (gradients, an SGD-with-momentum update, the
+  whole model returned; model and optimiser state replicated, the batch split
+  along the `data` mesh axis; donating), warm, timed over a pipelined loop of
+  steps (at most 4 in flight: see the sharding guide). Variants:
+  `filtx.filter_jit(in_shardings=..., out_shardings=...)` on the whole model;
+  `jax.jit` with `NamedSharding`s on the pre-partitioned parameters (the
+  baseline); `eqx.filter_jit(donate="all")` with `eqx.filter_shard` placing the
+  batch and constraining the model inside the step.
+- The first call of that step (trace + compile + one step), each variant a new
+  function, against `jax.jit`'s.
+- A `filter_shard_map` step (per-shard gradients `pmean`ed over `data`) inside
+  `filter_jit`, against `jax.jit(jax.shard_map(...))` on the partitioned params.
+- FSDP against replication: the same step with every large parameter split
+  along `data` by one callable spec; its time per step against the replicated
+  one, and the bytes of parameters and optimiser state each device holds
+  (recorded as group parameters).
+
+Targets (with `FILTX_BENCH_ASSERT=1`): the warm step within 1.1x of `jax.jit`
+and below `eqx`; the first call at most `jax.jit`'s; the shard_map step within
+1.1x of `jax.jit(jax.shard_map)`.
+"""
+
+import functools as ft
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from _support import models, ratios
+
+import filtx
+
+SUITE = "sharding"
+STEPS = 32
+SMOKE_STEPS = 2
+ROUNDS = 7
+BATCH = 64
+IN_FLIGHT = 4
+WIDTH, SMOKE_WIDTH = 512, 32
+DP_GROUP = f"{SUITE}/dp-step/{STEPS}-steps"
+FIRST_GROUP = f"{SUITE}/dp-first-call"
+MAP_GROUP = f"{SUITE}/shard-map-step/{STEPS}-steps"
+FSDP_GROUP = f"{SUITE}/fsdp-vs-replicated/{STEPS}-steps"
+BASELINE = "jax.jit"
+
+
+def mesh() -> Mesh:
+    return Mesh(np.array(jax.devices()), ("data",))
+
+
+def make_model(smoke: bool):
+    size = 16 if smoke else 128
+    return models.train_mlp(size, size, SMOKE_WIDTH if smoke else WIDTH, 2 if smoke else 3)
+
+
+def fsdp(leaf):
+    n = len(jax.devices())
+    for axis in sorted(range(leaf.ndim), key=lambda a: -leaf.shape[a]):
+        if leaf.shape[axis] % n == 0:
+            spec = [None] * leaf.ndim
+            spec[axis] = "data"
+            return P(*spec)
+    return P()
+
+
+def bytes_per_device(*trees) -> int:
+    held: dict = {}
+    for leaf in jax.tree_util.tree_leaves(eqx.filter(trees, eqx.is_array)):
+        for shard in leaf.addressable_shards:
+            held[shard.device] = held.get(shard.device, 0) + shard.data.nbytes
+    return max(held.values())
+
+
+def dp_variant(variant: str, smoke: bool, spec=P()):
+    """`(step, state)`: a donating step `step(*state, x, y) -> (*state, loss)`."""
+    m = mesh()
+    optim = models.sgd()
+    train_step = models.make_train_step(optim)
+    model = make_model(smoke)
+    opt_state = optim.init(eqx.filter(model, eqx.is_inexact_array))
+    if variant == "filtx":
+        model = filtx.filter_shard(model, spec, mesh=m)
+        opt_state = filtx.filter_shard(opt_state, spec, mesh=m)
+        step = filtx.filter_jit(
+            train_step, donate="arrays", mesh=m,
+            in_shardings={"x": P("data"), "y": P("data")}, out_shardings=(spec, spec, P()),
+        )
+        return step, (model, opt_state)
+    if variant == "eqx":
+        replicated, batch = NamedSharding(m, P()), NamedSharding(m, P("data"))
+
+        @eqx.filter_jit(donate="all")
+        def step(model, opt_state, x, y):
+            x, y = eqx.filter_shard((x, y), batch)
+            model, opt_state = eqx.filter_shard((model, opt_state), replicated)
+            model, opt_state, loss = train_step(model, opt_state, x, y)
+            return eqx.filter_shard(model, replicated), eqx.filter_shard(opt_state, replicated), loss
+
+        return step, eqx.filter_shard((model, opt_state), replicated)
+    if variant == "jax.jit":
+        params, static = eqx.partition(model, eqx.is_array)
+        rep, batch = NamedSharding(m, P()), NamedSharding(m, P("data"))
+
+        def params_step(params, opt_state, x, y):
+            model, opt_state, loss = train_step(eqx.combine(params, static), opt_state, x, y)
+            return eqx.filter(model, eqx.is_array), opt_state, loss
+
+        step = jax.jit(params_step, donate_argnums=(0, 1), in_shardings=(rep, rep, batch, batch),
+                       out_shardings=(rep, rep, rep))
+        return step, jax.device_put((params, opt_state), rep)
+    raise ValueError(variant)
+
+
+def loop(step, state, batches, steps):
+    losses = []
+    for i in range(steps):
+        x, y = batches[i % len(batches)]
+        *state, loss = step(*state, x, y)
+        losses.append(loss)
+        if len(losses) > IN_FLIGHT:
+            losses[-IN_FLIGHT - 1].block_until_ready()
+    return jax.block_until_ready((state, losses[-1]))
+
+
+def time_loop(benchmark, smoke, group, variant, baseline, step, state, params):
+    model = make_model(smoke)
+    batches = models.regression_batches(4, BATCH, model.in_size, model.out_size)
+    steps = SMOKE_STEPS if smoke else STEPS
+    loop(step, models.fresh_copy(state), batches, 1)  # compile
+
+    def setup():
+        return (step, models.fresh_copy(state), batches, steps), {}
+
+    _, loss = ratios.measure(
+        benchmark, loop, suite=SUITE, group=group, variant=variant, baseline=baseline,
+        params=params, unit="step", per=steps, pedantic=dict(setup=setup, rounds=ROUNDS, iterations=1),
+    )
+    assert np.isfinite(float(loss))
+
+
+@pytest.mark.parametrize("variant", ["jax.jit", "filtx", "eqx"])
+def test_data_parallel_step(benchmark, smoke, variant):
+    step, state = dp_variant(variant, smoke)
+    time_loop(benchmark, smoke, DP_GROUP, variant, BASELINE, step, state,
+              {"devices": len(jax.devices()), "parameters": models.count_params(make_model(smoke)), "donate": True})
+
+
+@pytest.mark.parametrize("variant", ["jax.jit", "filtx", "eqx"])
+def test_data_parallel_first_call(benchmark, smoke, variant):
+    model = make_model(smoke)
+    batches = models.regression_batches(1, BATCH, model.in_size, model.out_size)
+
+    def setup():
+        step, state = dp_variant(variant, smoke)  # a new function: traced and compiled anew
+        return (step, models.fresh_copy(state), batches, 1), {}
+
+    ratios.measure(
+        benchmark, loop, suite=SUITE, group=FIRST_GROUP, variant=variant, baseline=BASELINE,
+        params={"devices": len(jax.devices())}, pedantic=dict(setup=setup, rounds=3 if not smoke else 1, iterations=1),
+    )
+
+
+@ft.cache
+def shard_map_variant(variant: str, smoke: bool):
+    m = mesh()
+    model = make_model(smoke)
+    lr = 1e-3
+
+    def per_shard(model, x, y):
+        loss, grads = eqx.filter_value_and_grad(models.mse_loss)(model, x, y)
+        grads = jax.lax.pmean(grads, "data")
+        return eqx.apply_updates(model, jax.tree.map(lambda g: -lr * g, grads)), jax.lax.pmean(loss, "data")
+
+    if variant == "filtx":
+        inner = filtx.filter_shard_map(per_shard, mesh=m, in_specs={"x": P("data"), "y": P("data")}, out_specs=P())
+        step = filtx.filter_jit(lambda model, x, y: inner(model, x, y), donate="arrays", specs={"x": filtx.traced, "y": filtx.traced})
+        return (lambda model, x, y: step(model, x, y)), (filtx.filter_shard(model, P(), mesh=m),)
+    params, static = eqx.partition(model, eqx.is_array)
+
+    def params_shard(params, x, y):
+        new, loss = per_shard(eqx.combine(params, static), x, y)
+        return eqx.filter(new, eqx.is_array), loss
+
+    mapped = jax.shard_map(params_shard, mesh=m, in_specs=(P(), P("data"), P("data")), out_specs=(P(), P()))
+    step = jax.jit(mapped, donate_argnums=0)
+    return step, (jax.device_put(params, NamedSharding(m, P())),)
+
+
+@pytest.mark.parametrize("variant", ["jax.jit", "filtx"])
+def test_shard_map_step(benchmark, smoke, variant):
+    step, state = shard_map_variant(variant, smoke)
+    time_loop(benchmark, smoke, MAP_GROUP, variant, BASELINE, step, state, {"devices": len(jax.devices())})
+
+
+@pytest.mark.parametrize("variant", ["replicated", "fsdp"])
+def test_fsdp_against_replicated(benchmark, smoke, variant):
+    step, state = dp_variant("filtx", smoke, spec=P() if variant == "replicated" else fsdp)
+    replicated = bytes_per_device(*dp_variant("filtx", smoke, spec=P())[1])
+    sharded = bytes_per_device(*dp_variant("filtx", smoke, spec=fsdp)[1])
+    assert sharded < replicated / 4  # about 1/8 on 8 devices (small leaves stay replicated)
+    time_loop(benchmark, smoke, FSDP_GROUP, variant, "replicated", step, state, {
+        "devices": len(jax.devices()),
+        "bytes_per_device_replicated": replicated,
+        "bytes_per_device_fsdp": sharded,
+        "fsdp_fraction": round(sharded / replicated, 4),
+    })
+
+
+TARGETS = [
+    (DP_GROUP, "filtx", BASELINE, 1.1, "min"),
+    (DP_GROUP, "filtx", "eqx", 1.0, "min"),
+    (FIRST_GROUP, "filtx", BASELINE, 1.0, "min"),
+    (MAP_GROUP, "filtx", BASELINE, 1.1, "min"),
+]
+
+
+def test_targets(request):
+    """Runs last in this file: checks the ratios recorded above, when asked."""
+    ratios.check_targets(request.config, TARGETS)
