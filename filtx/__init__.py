@@ -19,6 +19,7 @@ them, never importing each other):
 - `_sharding`: shardings per leaf, read against a mesh, checked by path
 - `_varying`: which pmap outputs differ across devices
 - `_leaks`: tracers hidden in returned objects
+- `_reuse`: records of returned objects, reused instead of flattened again
 - `_caches`: bounded caches, `clear_caches`, compile state shared by equal wrappers
 - `_wrapper`: what every wrapper shares (decorators, binding, equality, dispatch)
 - `_lowering`: `.lower()` / `.compile()`
@@ -39,6 +40,7 @@ from ._donation import UnusableDonationWarning
 from ._donation_report import DonationReport, DonationRow, donation_report
 from ._jit import filter_jit
 from ._pmap import filter_pmap
+from ._reuse import reuse_outputs
 from ._roles import donate, if_array, is_array, static, traced
 from ._shard import filter_shard
 from ._shard_map import filter_shard_map
@@ -65,6 +67,7 @@ __all__ = [
     "reshare",
     "SharingPattern",
     "clear_caches",
+    "reuse_outputs",
     "donation_report",
     "DonationReport",
     "DonationRow",

@@ -31,8 +31,11 @@ from ._explain import CallSignature, explain_new_avals, explain_new_entry, expla
 from ._gather import first_positions, getter
 from ._plan import Plan, canonical_plan, static_types_of
 from ._resolve import LeafResolver
+from ._reuse import Records
 
 __all__ = ["Boundary", "Entry", "Split", "flat_function", "unique_paths"]
+
+_SLOT = object()  # where a reused argument's leaves go in the flattened rest of a call
 
 try:
     from jax._src.core import trace_state_clean as top_level
@@ -96,6 +99,8 @@ class Boundary:
         self.canonical: dict = {}
         self.lock = threading.Lock()
         self.last_signature: CallSignature | None = None
+        self.records = Records()  # objects this boundary's transform returned (see _reuse)
+        self.slots: dict = {}  # flattened remainder's structure -> where reused arguments go
         register(self)
 
     def split(self, fun: Any, args: tuple, kwargs: dict, check_buffers: bool = False) -> Split:
@@ -104,11 +109,15 @@ class Boundary:
         `check_buffers` checks donated buffers for aliasing even where JAX would."""
         if kwargs and self.resolver.specs.needs_binding(kwargs):
             args, kwargs = self.resolver.specs.bind(args, kwargs)
-        leaves, treedef = jax.tree_util.tree_flatten((fun, args, kwargs))
-        types = tuple(map(type, leaves))
-        plan = self.plans.get((treedef, types))
+        found = self.records and [self.records.find(a) for a in args]
+        if found and any(found):
+            leaves, key, types = self._reused_leaves(fun, args, kwargs, found)
+        else:
+            leaves, key = jax.tree_util.tree_flatten((fun, args, kwargs))
+            types = tuple(map(type, leaves))
+        plan = self.plans.get((key, types))
         if plan is None:
-            plan = self._new_plan(fun, args, kwargs, treedef, types)
+            plan = self._new_plan(fun, args, kwargs, key, types)
         if plan.deferred is not None:
             plan = plan.variant(leaves, (fun, args, kwargs))
         statics = tuple(compress(leaves, plan.static_mask))
@@ -155,11 +164,36 @@ class Boundary:
             pattern = _share.donation_pattern(keys, plan.donate_mask)
         return Split(plan, statics, dynamic, pattern, root)
 
-    def _new_plan(self, fun, args, kwargs, treedef, types) -> Plan:
-        rules = self.resolver.resolve((fun, args, kwargs))
+    def _reused_leaves(self, fun, args: tuple, kwargs: dict, found: list) -> tuple:
+        """`(leaves, key, types)` with the recorded arguments' leaves spliced into the
+        flattened rest of the call: only the rest is flattened."""
+        rest_leaves, rest_def = jax.tree_util.tree_flatten(
+            (fun, tuple(_SLOT if r else a for a, r in zip(args, found)), kwargs)
+        )
+        positions = self.slots.get(rest_def)
+        if positions is None:
+            positions = self.slots[rest_def] = [i for i, x in enumerate(rest_leaves) if x is _SLOT]
+        rest_types = tuple(map(type, rest_leaves))
+        leaves: list = []
+        types: tuple = ()
+        start = 0
+        records = [r for r in found if r]
+        for position, record in zip(positions, records):
+            leaves += rest_leaves[start:position]
+            leaves += record.leaves
+            types += rest_types[start:position] + record.types
+            start = position + 1
+        leaves += rest_leaves[start:]
+        types += rest_types[start:]
+        return leaves, (rest_def, tuple(r.treedef if r else None for r in found)), types
+
+    def _new_plan(self, fun, args, kwargs, key, types) -> Plan:
+        root = (fun, args, kwargs)
+        treedef = key if not isinstance(key, tuple) else jax.tree_util.tree_structure(root)
+        rules = self.resolver.resolve(root)
         static_types = static_types_of(types, rules)
         plan = canonical_plan(self.canonical, treedef, rules, static_types, self.resolver.with_axes, self.lock)
-        return insert_bounded(self.plans, (treedef, types), plan, MAX_PLANS, self.lock)
+        return insert_bounded(self.plans, (key, types), plan, MAX_PLANS, self.lock)
 
     def prepare(
         self, fun: Any, args: tuple, kwargs: dict, build: Callable, check_buffers: bool = False
@@ -195,6 +229,8 @@ class Boundary:
         with self.lock:
             self.plans.clear()
             self.canonical.clear()
+            self.slots.clear()
+        self.records.clear()
 
 
 def unique_paths(root: Any, plan: Plan, pattern: tuple | None) -> list[str]:

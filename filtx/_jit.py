@@ -8,7 +8,8 @@ from typing import Any, Literal, ParamSpec, TypeVar, overload
 
 import jax
 
-from ._boundary import Boundary, Entry, Split, flat_function, unique_paths
+from ._boundary import Boundary, Entry, Split, flat_function, top_level, unique_paths
+from ._reuse import enabled as reuse_enabled
 from ._gather import first_positions
 from ._out_specs import OutAxes
 from ._lowering import Lowered, lowering
@@ -26,14 +27,16 @@ P = ParamSpec("P")
 R = TypeVar("R")
 DonateMode = Literal["none", "arrays", "warn", "strict", "all", "all-except-first", "warn-except-first"]
 
-_OWN = ["fun", "donate", "specs", "share", "in_shardings", "out_shardings", "mesh"]
+_OWN = ["fun", "donate", "specs", "share", "in_shardings", "out_shardings", "mesh", "reuse_outputs"]
 _OWNED_BY_FILTX = ("static_argnums", "static_argnames", "donate_argnums", "donate_argnames")
 
 
 class _JitWrapper(Wrapper):
     transform = "filter_jit"
 
-    def __init__(self, fun: Callable, donate: str, specs: Any, share: bool, jitkwargs: dict, placing: tuple):
+    def __init__(
+        self, fun: Callable, donate: str, specs: Any, share: bool, jitkwargs: dict, placing: tuple, reuse: bool
+    ):
         mode = parse_mode(donate)
         in_shardings, out_shardings, mesh = placing
         check_mesh(mesh, "filter_jit")
@@ -42,6 +45,7 @@ class _JitWrapper(Wrapper):
         self._jitkwargs = jitkwargs
         self._mode = mode
         self._mesh = mesh
+        self._reuse = reuse
         self._out_shardings = None if out_shardings is None else OutAxes(out_shardings, OUT_SHARDINGS, "out_shardings")
         placement = None if in_shardings is None else SHARDINGS
         resolver = LeafResolver(
@@ -54,7 +58,11 @@ class _JitWrapper(Wrapper):
 
     def __call__(self, /, *args, **kwargs):
         entry, dynamic, split = self._boundary.prepare(self._fun, args, kwargs, self._build)
-        return unpack(*dispatch(entry.call, dynamic, split, entry, self._recheck))
+        arrays, carrier = dispatch(entry.call, dynamic, split, entry, self._recheck)
+        info = carrier.info
+        if info.slots and self._reuse and reuse_enabled() and top_level():
+            return info.build_recording(arrays, self._boundary.records)
+        return info.build(arrays)
 
     def _build(self, split: Split) -> Entry:
         plan, pattern = split.plan, split.pattern
@@ -109,20 +117,22 @@ def _constrained(out: Any, out_shardings: OutAxes, mesh: Any) -> Any:
 @overload
 def filter_jit(
     fun: None = None, *, donate: DonateMode = "none", specs: Any = None, share: bool = False,
-    in_shardings: Any = None, out_shardings: Any = None, mesh: Any = None, **jitkwargs: Any
+    in_shardings: Any = None, out_shardings: Any = None, mesh: Any = None, reuse_outputs: bool = True,
+    **jitkwargs: Any
 ) -> Callable[[Callable[P, R]], Jitted[P, R]]: ...
 
 
 @overload
 def filter_jit(
     fun: Callable[P, R], *, donate: DonateMode = "none", specs: Any = None, share: bool = False,
-    in_shardings: Any = None, out_shardings: Any = None, mesh: Any = None, **jitkwargs: Any
+    in_shardings: Any = None, out_shardings: Any = None, mesh: Any = None, reuse_outputs: bool = True,
+    **jitkwargs: Any
 ) -> Jitted[P, R]: ...
 
 
 def filter_jit(
     fun=None, *, donate="none", specs=None, share=False, in_shardings=None, out_shardings=None, mesh=None,
-    **jitkwargs,
+    reuse_outputs=True, **jitkwargs,
 ):
     """Compile a function of whole pytrees: arrays traced (or donated), everything
     else static, unless `specs` says otherwise.
@@ -152,6 +162,11 @@ def filter_jit(
         same leaves; callables answer on the traced output, once per signature.
     - `mesh`: the `jax.sharding.Mesh` PartitionSpecs are read against (else the
         mesh set by `jax.set_mesh`).
+    - `reuse_outputs`: when an argument is an object this function returned (the
+        model fed back into the next step) and cannot have changed since (an
+        Equinox Module, other immutable pytrees), take its leaves from what filtx
+        recorded when it built it instead of flattening it again. Results are the
+        same; `False` (or `filtx.reuse_outputs(False)`) turns it off.
     - `**jitkwargs`: passed to `jax.jit`, except `static_argnums`,
         `static_argnames`, `donate_argnums` and `donate_argnames`, which filtx owns.
 
@@ -187,8 +202,10 @@ def filter_jit(
     if fun is None:
         return functools.partial(
             filter_jit, donate=donate, specs=specs, share=share, in_shardings=in_shardings,
-            out_shardings=out_shardings, mesh=mesh, **jitkwargs,
+            out_shardings=out_shardings, mesh=mesh, reuse_outputs=reuse_outputs, **jitkwargs,
         )
     if not callable(fun):
         raise TypeError(f"filter_jit needs a callable, got {type(fun).__name__}.")
-    return _JitWrapper(fun, donate, specs, bool(share), jitkwargs, (in_shardings, out_shardings, mesh))
+    return _JitWrapper(
+        fun, donate, specs, bool(share), jitkwargs, (in_shardings, out_shardings, mesh), bool(reuse_outputs)
+    )

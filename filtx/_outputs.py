@@ -22,6 +22,7 @@ import jax.numpy as jnp
 
 from ._errors import check_returned_statics, int_out_axis_on_non_array_error
 from ._gather import first_positions, getter, merge_getter
+from ._reuse import slots_of
 from ._roles import NUMBER_TYPES, is_array
 from ._share import pattern_of
 
@@ -32,11 +33,13 @@ class OutputInfo:
     """How to rebuild one trace's output. Compared by identity: it rides in a
     treedef's aux data, where JAX may hash or compare it."""
 
-    __slots__ = ("treedef", "statics", "merge", "expand", "take", "direct", "positions")
+    __slots__ = ("treedef", "statics", "merge", "expand", "take", "direct", "positions", "slots", "slot_types")
 
     def __init__(self, treedef, statics: tuple, merge, expand, take, direct: bool, positions: list):
         self.treedef = treedef
         self.positions = positions  # the leaf position of every unique array output
+        self.slots = slots_of(treedef)  # reusable objects in the output (see _reuse)
+        self.slot_types: list | None = None
         self.statics = statics  # the non-array outputs, in order
         self.merge = merge  # getter over statics + arrays, restoring leaf order
         self.expand = expand  # getter restoring shared array positions, or None
@@ -44,13 +47,27 @@ class OutputInfo:
         self.direct = direct  # no statics, no sharing, flat: unflatten the arrays as they are
 
     def build(self, arrays) -> Any:
+        return self.treedef.unflatten(self.leaves(arrays))
+
+    def leaves(self, arrays):
+        """Every leaf of the output, in order, from the arrays JAX returned."""
         if self.take is not None:
             arrays = self.take(self.treedef.flatten_up_to(arrays))
         if self.direct:
-            return self.treedef.unflatten(arrays)
+            return arrays
         if self.expand is not None:
             arrays = self.expand(arrays)
-        return self.treedef.unflatten(self.merge(self.statics + tuple(arrays)))
+        return self.merge(self.statics + tuple(arrays))
+
+    def build_recording(self, arrays, records) -> Any:
+        """`build`, and record its reusable objects in `records` (see _reuse)."""
+        leaves = self.leaves(arrays)
+        out = self.treedef.unflatten(leaves)
+        if self.slot_types is None:
+            self.slot_types = [tuple(map(type, leaves[a:b])) for _, _, a, b in self.slots]
+        for (index, treedef, a, b), types in zip(self.slots, self.slot_types):
+            records.remember(out if index is None else out[index], treedef, leaves[a:b], types)
+        return out
 
 
 class Carrier:

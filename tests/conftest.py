@@ -8,3 +8,31 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
 
 jax.config.update("jax_enable_x64", False)
+
+import pytest  # noqa: E402
+
+import filtx  # noqa: E402
+
+# The key behaviour tests run both with and without reusing returned objects
+# (filtx.reuse_outputs): results must be the same either way.
+BOTH_WAYS = {"test_jit.py", "test_fidelity.py", "test_donation.py"}
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "one_way: run once, not both with and without reuse (a timing test)")
+
+
+def pytest_generate_tests(metafunc):
+    if metafunc.definition.get_closest_marker("one_way"):
+        return
+    if os.path.basename(str(metafunc.definition.fspath)) in BOTH_WAYS:
+        metafunc.fixturenames.append("reuse_outputs")
+        metafunc.parametrize("reuse_outputs", ["reuse", "no-reuse"], indirect=True)
+
+
+@pytest.fixture
+def reuse_outputs(request):
+    before = filtx.reuse_outputs()
+    filtx.reuse_outputs(request.param == "reuse")
+    yield request.param
+    filtx.reuse_outputs(before)

@@ -166,6 +166,7 @@ def test_donating_numpy_input_is_harmless():
     assert np.array_equal(x, np.ones(3)) and float(out[0]) == 2.0
 
 
+@pytest.mark.one_way
 def test_call_does_not_block():
     @filtx.filter_jit
     def slow(x, n):

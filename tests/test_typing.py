@@ -62,22 +62,25 @@ jitted(jnp.ones(3), 2)
 '''
 
 
-def check(tmp_path: pathlib.Path, source: str) -> list[str]:
-    script = tmp_path / "user.py"
-    script.write_text(textwrap.dedent(source))
+def check(tmp_path: pathlib.Path, sources: dict[str, str]) -> dict[str, list[str]]:
+    """mypy over the scripts (one run): each script's error lines."""
+    scripts = {name: tmp_path / f"{name}.py" for name in sources}
+    for name, script in scripts.items():
+        script.write_text(textwrap.dedent(sources[name]))
     stdout, stderr, _ = mypy_api.run(
-        [str(script), "--follow-imports=silent", "--no-incremental", "--python-version",
+        [*map(str, scripts.values()), "--follow-imports=silent", "--no-incremental", "--python-version",
          f"{sys.version_info.major}.{sys.version_info.minor}"]
     )
-    return [line for line in stdout.splitlines() if line.startswith(str(script))]
+    return {
+        name: [line for line in stdout.splitlines() if line.startswith(str(script))]
+        for name, script in scripts.items()
+    }
 
 
-def test_a_typed_user_script_checks_clean(tmp_path):
-    assert check(tmp_path, USER_SCRIPT) == []
-
-
-def test_the_checker_catches_misuse_of_a_wrapped_function(tmp_path):
-    errors = "\n".join(check(tmp_path, MISTAKES))
-    assert '"lowr"' in errors  # no such attribute; `.lower` is known
-    assert "Incompatible types in assignment" in errors  # the return type is kept
-    assert "Too many arguments" in errors  # so are the parameters
+def test_a_typed_user_script_checks_clean_and_misuse_is_caught(tmp_path):
+    errors = check(tmp_path, {"user": USER_SCRIPT, "mistakes": MISTAKES})
+    assert errors["user"] == []
+    caught = "\n".join(errors["mistakes"])
+    assert '"lowr"' in caught  # no such attribute; `.lower` is known
+    assert "Incompatible types in assignment" in caught  # the return type is kept
+    assert "Too many arguments" in caught  # so are the parameters

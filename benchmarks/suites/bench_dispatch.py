@@ -151,7 +151,7 @@ def test_warm_call(benchmark, size, sync, output, variant):
 
 def train_model(smoke: bool, leaves: int | None = None):
     if leaves is not None:
-        return models.leafy_mlp(leaves)
+        return models.leafy_mlp(10 if smoke else leaves)  # smoke: small, nothing is timed
     return models.train_mlp(**(TRAIN_SMOKE_MODEL if smoke else {}))
 
 
