@@ -144,6 +144,12 @@ def make_step(optimiser):
     )
 
 
+def bounded(losses: list) -> None:
+    """Wait for the step `MAX_IN_FLIGHT` steps back, so that at most that many are queued."""
+    if len(losses) > MAX_IN_FLIGHT:
+        losses[-MAX_IN_FLIGHT - 1].block_until_ready()
+
+
 def make_sharded_step(optimiser, mesh):
     """The sharded training step: `step(model, opt_state, x, y) -> (model, opt_state, loss)`
     on global arrays; model and state replicated, the batch split along `data`."""
@@ -198,8 +204,7 @@ def train(*, epochs=20, steps_per_epoch=16, batch_size=64, learning_rate=1e-2, s
         for batch in iterate_batches(dataset, batch_size, rng=rng):
             model, opt_state, loss = step(model, opt_state, batch)
             epoch_losses.append(loss)
-            if len(epoch_losses) > MAX_IN_FLIGHT:
-                epoch_losses[-MAX_IN_FLIGHT - 1].block_until_ready()
+            bounded(epoch_losses)
         losses.append(float(np.mean(jax.device_get(epoch_losses))))
         if verbose:
             print(f"epoch {epoch:3d}  loss {losses[-1]:.6f}  ({time.perf_counter() - start:.2f} s)")

@@ -10,7 +10,7 @@ and splits the batch along `data`. The compiler gathers parameters where the
 computation needs them. The result is the same training as on one device.
 
 Without a GPU or TPU, the script asks XLA for 8 virtual CPU devices; on CPU the
-loop keeps at most `MAX_IN_FLIGHT` steps queued (XLA aborts the process when
+loop keeps at most a few steps queued (`data_parallel.bounded`) (XLA aborts the process when
 too many steps with collectives wait for each other). Run it with
 
     python examples/fsdp.py --epochs 10
@@ -34,8 +34,8 @@ import filtx  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from data_parallel import (  # noqa: E402  (the same data, model, loss and optimiser)
-    MAX_IN_FLIGHT,
     IN_SIZE,
+    bounded,
     iterate_batches,
     loss_fn,
     make_dataset,
@@ -111,8 +111,7 @@ def train(*, epochs=10, steps_per_epoch=8, batch_size=64, learning_rate=1e-2, se
         for x, y in iterate_batches(dataset, batch_size, rng=rng):
             model, opt_state, loss = step(model, opt_state, x, y)
             epoch_losses.append(loss)
-            if len(epoch_losses) > MAX_IN_FLIGHT:
-                epoch_losses[-MAX_IN_FLIGHT - 1].block_until_ready()
+            bounded(epoch_losses)
         losses.append(float(np.mean(jax.device_get(epoch_losses))))
         if verbose:
             print(f"epoch {epoch:3d}  loss {losses[-1]:.6f}  ({time.perf_counter() - start:.2f} s)")

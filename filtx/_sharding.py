@@ -5,6 +5,7 @@ a spec that does not divide a shape, a sharding on another mesh)."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -34,14 +35,7 @@ SHARDINGS = Placement(
     name=lambda value: show(value),
 )
 
-OUT_SHARDINGS = Placement(
-    what="out_shardings",
-    default=None,
-    is_value=is_sharding_value,
-    expected="jax.sharding.PartitionSpec, jax.sharding.Sharding or None",
-    noun="sharding",
-    name=lambda value: show(value),
-)
+OUT_SHARDINGS = dataclasses.replace(SHARDINGS, what="out_shardings")
 
 SPECS = Placement(
     what="in_specs",
@@ -53,14 +47,7 @@ SPECS = Placement(
     name=lambda value: show(value),
 )
 
-OUT_SPECS = Placement(
-    what="out_specs",
-    default=PartitionSpec(),
-    is_value=is_spec_value,
-    expected="jax.sharding.PartitionSpec, None or filtx.static",
-    noun="PartitionSpec",
-    name=lambda value: show(value),
-)
+OUT_SPECS = dataclasses.replace(SPECS, what="out_specs")
 
 
 def show(value: Any) -> str:

@@ -68,8 +68,16 @@ def _while(params, inputs: list[bool]) -> list[bool]:
         carry = merged
 
 
+def _scan_counts(params) -> tuple[int, int]:
+    if "num_consts" in params:
+        return params["num_consts"], params["num_carry"]
+    ft_in = params["ft_in"]  # JAX >= 0.12: (consts, carry, xs), one entry per flat input
+    consts, carry, _ = ft_in.unpack() if hasattr(ft_in, "unpack") else ft_in
+    return len(consts), len(carry)
+
+
 def _scan(params, inputs: list[bool]) -> list[bool]:
-    n_consts, n_carry = params["num_consts"], params["num_carry"]
+    n_consts, n_carry = _scan_counts(params)
     consts = inputs[:n_consts]
     carry = list(inputs[n_consts:n_consts + n_carry])
     xs = inputs[n_consts + n_carry:]

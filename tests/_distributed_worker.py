@@ -12,9 +12,6 @@ Imported (not run), it provides the problem and the step, so that the test can
 run the same training on 4 devices of a single process as the reference.
 """
 
-import os
-import sys
-import traceback
 
 import equinox as eqx
 import jax
@@ -22,6 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import filtx
+
+from _processes import run_worker
 
 AXIS_NAME = "batch"
 NUM_DEVICES = 4  # in all: 2 processes x 2 local devices
@@ -119,12 +118,4 @@ def main(process_id: int, port: int, out_path: str) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
-    except BaseException:
-        # Report and leave at once: a clean exit (jax.distributed.shutdown) would wait for
-        # the other process, which may itself be waiting for this one in a collective.
-        traceback.print_exc()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1)
+    run_worker(main)

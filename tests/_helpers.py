@@ -13,3 +13,19 @@ def counting(fn):
 
     wrapper.traces = 0
     return wrapper
+
+
+def fsdp_spec(n: int, axis: str = "data"):
+    """The FSDP spec for a leaf: its largest dimension `n` divides, split along
+    `axis`; otherwise replicated."""
+    from jax.sharding import PartitionSpec as P
+
+    def spec(leaf):
+        for dim in sorted(range(leaf.ndim), key=lambda d: -leaf.shape[d]):
+            if leaf.shape[dim] % n == 0:
+                entries = [None] * leaf.ndim
+                entries[dim] = axis
+                return P(*entries)
+        return P()
+
+    return spec

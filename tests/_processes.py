@@ -42,6 +42,22 @@ def wait_all(processes, deadline) -> None:
         time.sleep(0.05)
 
 
+def run_worker(main) -> None:
+    """A worker script's entry point: `main(process_id, port, out_path)` from the
+    command line. On an error, report and leave at once: a clean exit
+    (`jax.distributed.shutdown`) would wait for the other process, which may
+    itself be waiting for this one in a collective."""
+    import traceback
+
+    try:
+        main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
+    except BaseException:
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+
+
 class Workers:
     """`n` copies of `script` run as `script PROCESS_ID PORT OUT.npz`; use as a
     context manager, call `finish()` to wait for them and get their outputs'

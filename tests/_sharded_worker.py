@@ -12,10 +12,6 @@ Imported (not run), it provides the problem, so that the test can run the same
 training on 4 devices of one process as the reference.
 """
 
-import os
-import sys
-import traceback
-
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -24,6 +20,9 @@ import optax
 from jax.sharding import Mesh, PartitionSpec as P
 
 import filtx
+
+from _helpers import fsdp_spec
+from _processes import run_worker
 
 NUM_DEVICES = 4
 BATCH = 16  # global rows per step
@@ -42,13 +41,7 @@ def make_batches():
     return x, np.sin(x.sum(-1, keepdims=True))
 
 
-def fsdp(leaf):
-    for axis in sorted(range(leaf.ndim), key=lambda a: -leaf.shape[a]):
-        if leaf.shape[axis] % NUM_DEVICES == 0:
-            spec = [None] * leaf.ndim
-            spec[axis] = "data"
-            return P(*spec)
-    return P()
+fsdp = fsdp_spec(NUM_DEVICES)
 
 
 def make_step(mesh, spec):
@@ -110,10 +103,4 @@ def main(process_id: int, port: int, out_path: str) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
-    except BaseException:
-        traceback.print_exc()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1)
+    run_worker(main)

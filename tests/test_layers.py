@@ -15,7 +15,7 @@ from filtx._boundary import Boundary
 from filtx._out_specs import OutAxes
 from filtx._prefix import broadcast_prefix
 from filtx._resolve import LeafResolver
-from filtx._roles import MODES, donate, static, traced
+from filtx._roles import MODES, donate, traced
 from filtx._signature import ArgumentSpecs, signature_key
 
 # ---------------------------------------------------------------------------

@@ -6,7 +6,6 @@ loops in the pmap output check, and JAX configuration changes."""
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 import filtx

@@ -1,6 +1,5 @@
 """filter_pmap: whole models in and out, one trace, donation, axes, errors."""
 
-import functools
 
 import jax
 import jax.numpy as jnp

@@ -11,6 +11,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import filtx
 
+from _helpers import fsdp_spec
+
 N = len(jax.devices())
 MESH = Mesh(np.array(jax.devices()), ("data",))
 
@@ -25,14 +27,7 @@ def spec_of(x):
     return P(*entries)
 
 
-def fsdp(leaf):
-    """Shard the largest axis the device count divides; else replicate."""
-    for axis in sorted(range(leaf.ndim), key=lambda a: -leaf.shape[a]):
-        if leaf.shape[axis] % N == 0:
-            spec = [None] * leaf.ndim
-            spec[axis] = "data"
-            return P(*spec)
-    return P()
+fsdp = fsdp_spec(N)  # the largest axis the device count divides; else replicated
 
 
 def make_model():
