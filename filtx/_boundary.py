@@ -31,11 +31,9 @@ from ._explain import CallSignature, explain_new_avals, explain_new_entry, expla
 from ._gather import first_positions, getter
 from ._plan import Plan, canonical_plan, static_types_of
 from ._resolve import LeafResolver
-from ._reuse import Records
+from ._reuse import Records, find, spliced_leaves
 
 __all__ = ["Boundary", "Entry", "Split", "flat_function", "unique_paths"]
-
-_SLOT = object()  # where a reused argument's leaves go in the flattened rest of a call
 
 try:
     from jax._src.core import trace_state_clean as top_level
@@ -109,8 +107,8 @@ class Boundary:
         `check_buffers` checks donated buffers for aliasing even where JAX would."""
         if kwargs and self.resolver.specs.needs_binding(kwargs):
             args, kwargs = self.resolver.specs.bind(args, kwargs)
-        found = self.records and [self.records.find(a) for a in args]
-        if found and any(found):
+        found = self.records and [find(self.records, a) for a in args]
+        if found and any(f is not None for f in found):
             leaves, key, types = self._reused_leaves(fun, args, kwargs, found)
         else:
             leaves, key = jax.tree_util.tree_flatten((fun, args, kwargs))
@@ -165,27 +163,7 @@ class Boundary:
         return Split(plan, statics, dynamic, pattern, root)
 
     def _reused_leaves(self, fun, args: tuple, kwargs: dict, found: list) -> tuple:
-        """`(leaves, key, types)` with the recorded arguments' leaves spliced into the
-        flattened rest of the call: only the rest is flattened."""
-        rest_leaves, rest_def = jax.tree_util.tree_flatten(
-            (fun, tuple(_SLOT if r else a for a, r in zip(args, found)), kwargs)
-        )
-        positions = self.slots.get(rest_def)
-        if positions is None:
-            positions = self.slots[rest_def] = [i for i, x in enumerate(rest_leaves) if x is _SLOT]
-        rest_types = tuple(map(type, rest_leaves))
-        leaves: list = []
-        types: tuple = ()
-        start = 0
-        records = [r for r in found if r]
-        for position, record in zip(positions, records):
-            leaves += rest_leaves[start:position]
-            leaves += record.leaves
-            types += rest_types[start:position] + record.types
-            start = position + 1
-        leaves += rest_leaves[start:]
-        types += rest_types[start:]
-        return leaves, (rest_def, tuple(r.treedef if r else None for r in found)), types
+        return spliced_leaves(self.slots, (fun, args, kwargs), found)
 
     def _new_plan(self, fun, args, kwargs, key, types) -> Plan:
         root = (fun, args, kwargs)

@@ -15,6 +15,7 @@ returns `(arrays, carrier)`:
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Callable
 
 import jax
@@ -22,7 +23,7 @@ import jax.numpy as jnp
 
 from ._errors import check_returned_statics, int_out_axis_on_non_array_error
 from ._gather import first_positions, getter, merge_getter
-from ._reuse import slots_of
+from ._reuse import item_at, slots_of
 from ._roles import NUMBER_TYPES, is_array
 from ._share import pattern_of
 
@@ -63,11 +64,19 @@ class OutputInfo:
         """`build`, and record its reusable objects in `records` (see _reuse)."""
         leaves = self.leaves(arrays)
         out = self.treedef.unflatten(leaves)
-        if self.slot_types is None:
+        if self.slot_types is None:  # first build: keep the slots whose object holds those leaves
+            self.slots = tuple(
+                (path, treedef, a, b) for path, treedef, a, b in self.slots
+                if _same_objects(jax.tree_util.tree_leaves(item_at(out, path)), leaves[a:b])
+            )
             self.slot_types = [tuple(map(type, leaves[a:b])) for _, _, a, b in self.slots]
-        for (index, treedef, a, b), types in zip(self.slots, self.slot_types):
-            records.remember(out if index is None else out[index], treedef, leaves[a:b], types)
+        for (path, treedef, a, b), types in zip(self.slots, self.slot_types):
+            records.remember(item_at(out, path), treedef, leaves[a:b], types)
         return out
+
+
+def _same_objects(a: list, b: list) -> bool:
+    return len(a) == len(b) and all(map(operator.is_, a, b))
 
 
 class Carrier:

@@ -1,5 +1,6 @@
 """Records of what a wrapper returned, so that an argument that is one of those
-objects (the model fed back into the next step) is not flattened again.
+objects (the model fed back into the next step), or holds them in tuples and
+namedtuples (an optimiser state), is not flattened again.
 
 Only an object that cannot have changed since it was built qualifies: its type
 takes weak references (a record holds it weakly: it never keeps a dropped model
@@ -16,14 +17,20 @@ record goes when its object does.
 from __future__ import annotations
 
 import dataclasses
+import operator
 import os
 import threading
 import weakref
 from typing import Any
 
+import jax
+
 __all__ = ["reuse_outputs"]
 
 MAX_RECORDS = 16  # per wrapper's compile state
+MAX_DEPTH = 3  # how deep in tuples and namedtuples reusable objects are looked for
+MAX_WIDTH = 16  # and in those of at most this many items (a long tuple of arrays: not searched)
+_SLOT = object()  # where a recorded object's leaves go in the flattened rest of a call
 
 _enabled = [os.environ.get("FILTX_REUSE_OUTPUTS", "1") != "0"]
 
@@ -146,18 +153,98 @@ def _all_immutable(treedef) -> bool:
     return all(_all_immutable(child) for child in treedef.children())
 
 
-def slots_of(treedef) -> tuple:
+def _is_sequence_node(t: type) -> bool:
+    return t is tuple or (issubclass(t, tuple) and hasattr(t, "_fields"))
+
+
+def slots_of(treedef, path: tuple = (), start: int = 0, depth: int = MAX_DEPTH) -> tuple:
     """Where reusable objects stand in an output of this structure: the output
-    itself, or the items of a tuple output (`return model, opt_state, loss`), as
-    `(item index or None, their structure, first leaf, end leaf)`."""
+    itself, or objects inside tuples and namedtuples (`return model, opt_state,
+    loss`, an optimiser state's namedtuples holding a model-shaped tree), as
+    `(path of item indices, their structure, first leaf, end leaf)`."""
     if reusable(treedef):
-        return ((None, treedef, 0, treedef.num_leaves),)
+        return ((path, treedef, start, start + treedef.num_leaves),)
     data = treedef.node_data()
-    if data is None or data[0] is not tuple:
+    if depth == 0 or data is None or not _is_sequence_node(data[0]):
         return ()
-    slots, start = [], 0
+    slots: tuple = ()
     for i, child in enumerate(treedef.children()):
-        if reusable(child):
-            slots.append((i, child, start, start + child.num_leaves))
+        slots += slots_of(child, path + (i,), start, depth - 1)
         start += child.num_leaves
-    return tuple(slots)
+    return slots
+
+
+def item_at(tree: Any, path: tuple) -> Any:
+    for i in path:
+        tree = tree[i]
+    return tree
+
+
+def find(records: Records, obj: Any, depth: int = MAX_DEPTH) -> Any:
+    """The record of `obj`; else, for a tuple or namedtuple holding recorded
+    objects (at most `depth` levels down, `MAX_WIDTH` items wide), a list with
+    each item's find; else None."""
+    record = records.find(obj)
+    if record is not None or depth == 0 or not _is_sequence_node(type(obj)) or len(obj) > MAX_WIDTH:
+        return record
+    found = [find(records, item, depth - 1) for item in obj]
+    return found if any(f is not None for f in found) else None
+
+
+def with_slots(obj: Any, found: Any, slot: Any) -> Any:
+    """`obj` with every recorded object `found` in it replaced by `slot`."""
+    if found is None:
+        return obj
+    if isinstance(found, Record):
+        return slot
+    items = [with_slots(item, f, slot) for item, f in zip(obj, found)]
+    return tuple(items) if type(obj) is tuple else type(obj)._make(items)
+
+
+def spliced_leaves(checked: dict, root: tuple, found: list) -> tuple:
+    """`(leaves, key, types)` of a call `root = (fun, args, kwargs)` with the
+    recorded objects `found` in its arguments: the rest is flattened, their leaves
+    spliced in. `checked` maps each structure of the rest to where the records go,
+    or to `False` where a full flatten disagreed when it was first seen (a custom
+    node that orders or drops its children otherwise): then the call is flattened
+    whole."""
+    fun, args, kwargs = root
+    rest_leaves, rest_def = jax.tree_util.tree_flatten(
+        (fun, tuple(with_slots(a, f, _SLOT) for a, f in zip(args, found)), kwargs)
+    )
+    records = found_records(found, [])
+    positions = checked.get(rest_def)
+    if positions is None:
+        positions = [i for i, x in enumerate(rest_leaves) if x is _SLOT]
+        spliced = _splice(rest_leaves, positions, [r.leaves for r in records])
+        full = jax.tree_util.tree_leaves(root)
+        same = len(positions) == len(records) and len(full) == len(spliced) and all(map(operator.is_, full, spliced))
+        positions = checked[rest_def] = positions if same else False
+    if positions is False:
+        leaves, key = jax.tree_util.tree_flatten(root)
+        return leaves, key, tuple(map(type, leaves))
+    leaves = _splice(rest_leaves, positions, [r.leaves for r in records])
+    types = _splice(tuple(map(type, rest_leaves)), positions, [r.types for r in records])
+    return leaves, (rest_def, tuple(r.treedef for r in records)), tuple(types)
+
+
+def _splice(rest: Any, positions: list, parts: list) -> list:
+    """`rest` with `parts[k]`'s items in place of the item at `positions[k]`."""
+    out: list = []
+    start = 0
+    for position, part in zip(positions, parts):
+        out += rest[start:position]
+        out += part
+        start = position + 1
+    out += rest[start:]
+    return out
+
+
+def found_records(found: Any, into: list) -> list:
+    """The records in `found`, in flattening order."""
+    if isinstance(found, Record):
+        into.append(found)
+    elif found is not None:
+        for f in found:
+            found_records(f, into)
+    return into

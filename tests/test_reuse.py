@@ -14,6 +14,7 @@ import pytest
 
 import filtx
 import filtx._boundary as boundary
+import filtx._reuse as reuse
 
 
 @pytest.fixture
@@ -88,12 +89,16 @@ def test_a_record_dies_with_its_object_and_keeps_nothing_alive():
     model, opt_state, step = make()
     f = filtx.filter_jit(step, donate="arrays")
     model, opt_state, _ = f(jax.tree.map(lambda v: v + 0 if eqx.is_array(v) else v, model), opt_state, jnp.ones((4, 3)))
-    assert len(f._boundary.records.items) == 1
+    # the model, and the model-shaped tree in the optimiser state's namedtuples
+    assert set(f._boundary.records.items) == {id(model), id(opt_state[0].trace)}
     ref = weakref.ref(model)
     weight = weakref.ref(model.layers[0].weight)
     del model
     gc.collect()
     assert ref() is None and weight() is None  # neither the model nor its arrays were kept
+    assert set(f._boundary.records.items) == {id(opt_state[0].trace)}
+    del opt_state
+    gc.collect()
     assert not f._boundary.records
 
 
@@ -102,7 +107,8 @@ def test_an_id_reused_by_another_object_is_no_hit(reused):
     f = filtx.filter_jit(step)
     model, opt_state, _ = f(model, opt_state, jnp.ones((4, 3)))
     records = f._boundary.records
-    (key,) = records.items
+    key = id(model)
+    assert key in records.items
     del model
     gc.collect()
     # whatever object gets that id now, the record is gone (it died with its object)
@@ -126,3 +132,72 @@ def test_a_reused_model_used_by_another_argument_position_or_wrapper_is_flattene
     model, opt_state, _ = f(model, opt_state, jnp.ones((4, 3)))
     out = g(model, jnp.ones((4, 3)))  # another wrapper: its own records
     assert out.shape == (4, 2) and reused == []
+
+
+def test_models_inside_an_optimiser_states_namedtuples_are_reused_too(monkeypatch):
+    spliced = []
+    original = boundary.spliced_leaves
+
+    def spy(checked, root, found):
+        spliced.append(len(reuse.found_records(found, [])))
+        return original(checked, root, found)
+
+    monkeypatch.setattr(boundary, "spliced_leaves", spy)
+    model, opt_state, step = make()
+    f = filtx.filter_jit(step, donate="arrays")
+    state = (jax.tree.map(lambda v: v + 0 if eqx.is_array(v) else v, model), jax.tree.map(lambda v: v + 0, opt_state))
+    for _ in range(3):
+        *state, loss = f(*state, jnp.ones((4, 3)))
+    assert spliced == [2, 2]  # the model and the momentum's tree, from the second call on
+    off = filtx.filter_jit(step, reuse_outputs=False)
+    plain = (model, opt_state)
+    for _ in range(3):
+        *plain, expected = off(*plain, jnp.ones((4, 3)))
+    np.testing.assert_allclose(float(loss), float(expected))
+    for u, v in zip(jax.tree.leaves(eqx.filter(state, eqx.is_array)), jax.tree.leaves(eqx.filter(plain, eqx.is_array))):
+        np.testing.assert_allclose(np.asarray(u), np.asarray(v))
+
+
+class Swapped(tuple):
+    """A namedtuple-like node registered to flatten its items in reverse order."""
+
+    _fields = ("a", "b")
+
+    @classmethod
+    def _make(cls, items):
+        return cls(items)
+
+
+jax.tree_util.register_pytree_node(Swapped, lambda s: ((s[1], s[0]), None), lambda _, c: Swapped((c[1], c[0])))
+
+
+def test_a_node_that_reorders_its_items_is_flattened_whole(reused):
+    def step(pair, x):
+        a, b = pair
+        return Swapped((jax.tree.map(lambda v: v * x, a), jax.tree.map(lambda v: v + x, b)))
+
+    a = eqx.nn.Linear(3, 4, key=jax.random.PRNGKey(0))
+    b = eqx.nn.Linear(2, 5, key=jax.random.PRNGKey(1))
+    on, off = filtx.filter_jit(step), filtx.filter_jit(step, reuse_outputs=False)
+    p, q = Swapped((a, b)), Swapped((a, b))
+    for _ in range(3):
+        p, q = on(p, 2.0), off(q, 2.0)
+    for u, v in zip(jax.tree.leaves(p), jax.tree.leaves(q)):
+        np.testing.assert_allclose(np.asarray(u), np.asarray(v))
+    assert p[0].weight.shape == (4, 3) and p[1].weight.shape == (5, 2)
+    assert reused == [] and not on._boundary.records  # its items were never recorded
+
+
+def test_recorded_objects_passed_inside_a_reordering_node_are_flattened_whole(reused):
+    def step(pair, x):
+        return jax.tree.map(lambda v: v * x, pair[0]), jax.tree.map(lambda v: v + x, pair[1])
+
+    a = eqx.nn.Linear(3, 4, key=jax.random.PRNGKey(0))
+    b = eqx.nn.Linear(2, 5, key=jax.random.PRNGKey(1))
+    on, off = filtx.filter_jit(step), filtx.filter_jit(step, reuse_outputs=False)
+    p, q = on((a, b), 2.0), off((a, b), 2.0)  # plain tuples: both items recorded
+    p, q = on(Swapped(p), 2.0), off(Swapped(q), 2.0)  # the records, inside a node flattened b-first
+    for u, v in zip(jax.tree.leaves(p), jax.tree.leaves(q)):
+        np.testing.assert_allclose(np.asarray(u), np.asarray(v))
+    assert p[0].weight.shape == (4, 3) and p[1].weight.shape == (5, 2)
+    assert len(reused) == 1 and list(on._boundary.slots.values()) == [False]

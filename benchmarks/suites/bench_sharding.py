@@ -11,7 +11,9 @@ Every figure is a ratio of two timings measured in the same run (see
   `filtx.filter_jit(in_shardings=..., out_shardings=...)` on the whole model;
   `jax.jit` with `NamedSharding`s on the pre-partitioned parameters (the
   baseline); `eqx.filter_jit(donate="all")` with `eqx.filter_shard` placing the
-  batch and constraining the model inside the step.
+  batch and constraining the model inside the step; `nnx.jit(in_shardings=...,
+  donate_argnums=...)` (graph mode) on the same MLP written as an `nnx.Module`
+  with an `nnx.Optimizer`, updated in place.
 - The first call of that step (trace + compile + one step), each variant a new
   function, against `jax.jit`'s.
 - A `filter_shard_map` step (per-shard gradients `pmean`ed over `data`) inside
@@ -22,7 +24,7 @@ Every figure is a ratio of two timings measured in the same run (see
   (recorded as group parameters).
 
 Targets (with `FILTX_BENCH_ASSERT=1`): the warm step within 1.1x of `jax.jit`
-and below `eqx`; the first call at most `jax.jit`'s; the shard_map step within
+and below `eqx` and `nnx.jit`; the first call at most `jax.jit`'s; the shard_map step within
 1.1x of `jax.jit(jax.shard_map)`.
 """
 
@@ -31,7 +33,9 @@ import functools as ft
 import equinox as eqx
 import jax
 import numpy as np
+import jax.numpy as jnp
 import pytest
+from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from _support import models, ratios
@@ -59,6 +63,40 @@ def mesh() -> Mesh:
 def make_model(smoke: bool):
     size = 16 if smoke else 128
     return models.train_mlp(size, size, SMOKE_WIDTH if smoke else WIDTH, 2 if smoke else 3)
+
+
+class NNXMLP(nnx.Module):
+    """The Equinox benchmark MLP (`models.train_mlp`) as an `nnx.Module`."""
+
+    def __init__(self, in_size: int, out_size: int, width: int, depth: int, rngs: nnx.Rngs):
+        sizes = [in_size] + [width] * depth + [out_size]
+        self.layers = nnx.List([nnx.Linear(a, b, rngs=rngs) for a, b in zip(sizes[:-1], sizes[1:])])
+
+    def __call__(self, x):
+        *hidden, last = self.layers
+        for layer in hidden:
+            x = jax.nn.relu(layer(x))
+        return last(x)
+
+
+def nnx_variant(m: Mesh, smoke: bool):
+    eqx_model = make_model(smoke)
+    depth = 2 if smoke else 3
+    model = NNXMLP(eqx_model.in_size, eqx_model.out_size, eqx_model.width_size, depth, nnx.Rngs(0))
+    optimizer = nnx.Optimizer(model, models.sgd(), wrt=nnx.Param)
+    rep, batch = NamedSharding(m, P()), NamedSharding(m, P("data"))
+
+    def train_step(model, optimizer, x, y):
+        loss, grads = nnx.value_and_grad(lambda model: jnp.mean((model(x) - y) ** 2))(model)
+        optimizer.update(model, grads)
+        return loss
+
+    nnx_step = nnx.jit(train_step, in_shardings=(rep, rep, batch, batch), out_shardings=rep, donate_argnums=(0, 1))
+
+    def step(model, optimizer, x, y):  # updates in place; returns the state as the other variants do
+        return model, optimizer, nnx_step(model, optimizer, x, y)
+
+    return step, jax.device_put((model, optimizer), rep)
 
 
 def fsdp(leaf):
@@ -116,6 +154,8 @@ def dp_variant(variant: str, smoke: bool, spec=P()):
         step = jax.jit(params_step, donate_argnums=(0, 1), in_shardings=(rep, rep, batch, batch),
                        out_shardings=(rep, rep, rep))
         return step, jax.device_put((params, opt_state), rep)
+    if variant == "nnx.jit":
+        return nnx_variant(m, smoke)
     raise ValueError(variant)
 
 
@@ -146,14 +186,17 @@ def time_loop(benchmark, smoke, group, variant, baseline, step, state, params):
     assert np.isfinite(float(loss))
 
 
-@pytest.mark.parametrize("variant", ["jax.jit", "filtx", "eqx"])
+DP_VARIANTS = ["jax.jit", "filtx", "eqx", "nnx.jit"]
+
+
+@pytest.mark.parametrize("variant", DP_VARIANTS)
 def test_data_parallel_step(benchmark, smoke, variant):
     step, state = dp_variant(variant, smoke)
     time_loop(benchmark, smoke, DP_GROUP, variant, BASELINE, step, state,
               {"devices": len(jax.devices()), "parameters": models.count_params(make_model(smoke)), "donate": True})
 
 
-@pytest.mark.parametrize("variant", ["jax.jit", "filtx", "eqx"])
+@pytest.mark.parametrize("variant", DP_VARIANTS)
 def test_data_parallel_first_call(benchmark, smoke, variant):
     model = make_model(smoke)
     batches = models.regression_batches(1, BATCH, model.in_size, model.out_size)
@@ -217,6 +260,7 @@ def test_fsdp_against_replicated(benchmark, smoke, variant):
 TARGETS = [
     (DP_GROUP, "filtx", BASELINE, 1.1, "min"),
     (DP_GROUP, "filtx", "eqx", 1.0, "min"),
+    (DP_GROUP, "filtx", "nnx.jit", 1.0, "min"),
     (FIRST_GROUP, "filtx", BASELINE, 1.0, "min"),
     (MAP_GROUP, "filtx", BASELINE, 1.1, "min"),
 ]
