@@ -182,6 +182,7 @@ def write(data: dict, output: str) -> str:
     for suite in PYTEST_SUITES:
         plots.plot_suite(suite, suites["groups"], img)
     plots.plot_fsdp_memory(suites["groups"], img)
+    plots.plot_adam_loop(suites["groups"], img)
 
     now = datetime.datetime.fromisoformat(data["time"])
     lines = pages.header(now=now, quick=data["quick"], info=data["info"], device=device, gpu=gpu,

@@ -26,7 +26,7 @@ from ._errors import (
     partial_aliasing_error,
     unhashable_static_error,
 )
-from ._donation import check_donations, out_avals_of
+from ._donation import check_donations, hide_jax_warning, out_avals_of
 from ._explain import CallSignature, explain_new_avals, explain_new_entry, explaining
 from ._gather import first_positions, getter
 from ._plan import Plan, canonical_plan, static_types_of
@@ -34,6 +34,8 @@ from ._resolve import LeafResolver
 from ._reuse import Records, find, spliced_leaves
 
 __all__ = ["Boundary", "Entry", "Split", "flat_function", "unique_paths"]
+
+QUIET_CALLS = 3  # a donating entry's first calls, where JAX may compile again (see Entry)
 
 try:
     from jax._src.core import trace_state_clean as top_level
@@ -56,17 +58,30 @@ class Split(NamedTuple):
 class Entry:
     """What a transform dispatches to for one (static leaves, sharing pattern)."""
 
-    __slots__ = ("call", "plan", "take", "lower", "refuse_deleted", "__weakref__")
+    __slots__ = ("call", "plan", "take", "lower", "refuse_deleted", "compiled", "_quiet_calls", "__weakref__")
 
     def __init__(
         self, call: Callable, plan: Plan, pattern: tuple | None, lower: Callable | None = None,
-        refuse_deleted: bool = False,
+        refuse_deleted: bool = False, donates: bool = False,
     ):
-        self.call = call  # call(*unique_dynamic)
+        self.call = call if not donates else self._quietly  # call(*unique_dynamic)
+        self.compiled = call
+        self._quiet_calls = QUIET_CALLS
         self.plan = plan
         self.take = None if pattern is None else getter(first_positions(pattern))
         self.lower = lower  # lower(*unique_dynamic), for ahead-of-time compilation
         self.refuse_deleted = refuse_deleted  # check for deleted arrays before each call
+
+    def _quietly(self, *dynamic):
+        """The first calls of a donating entry, with JAX's unusable-donation warning
+        hidden (until `dispatch` ends): JAX may compile again there with filtx's
+        trace cached (a donation report traced it first; new input shardings), and
+        filtx warned, by path, when it traced. Then the compiled call itself."""
+        self._quiet_calls -= 1
+        if self._quiet_calls <= 0:
+            self.call = self.compiled
+        hide_jax_warning()
+        return self.compiled(*dynamic)
 
 
 class Boundary:

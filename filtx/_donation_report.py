@@ -136,7 +136,7 @@ def donation_report(wrapped: Any, /, *args, **kwargs) -> DonationReport:
     plan, pattern, root = split.plan, split.pattern, split.root
     depth = hidden_depth()
     try:
-        arrays, carrier = jax.eval_shape(entry.call, *dynamic)
+        arrays, carrier = jax.eval_shape(entry.compiled, *dynamic)
     finally:
         show_jax_warning(depth)
     out_avals = jax.tree_util.tree_leaves(arrays)

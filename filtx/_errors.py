@@ -6,6 +6,7 @@ Paths are computed here, on the error path only: the hot path never builds them.
 from __future__ import annotations
 
 import difflib
+import inspect
 import re
 from itertools import compress
 from typing import Any
@@ -52,8 +53,14 @@ def piece_leaf_path(base: str, piece: Any, index: int) -> str:
     return base + keystr(flat[index][0])
 
 
+def is_generator(x: Any) -> bool:
+    """A leaf as JAX flattens it, said without JAX's deprecation warning (filtx
+    refuses returned generators with an error of its own)."""
+    return inspect.isgenerator(x) or inspect.isasyncgen(x)
+
+
 def output_path(out: Any, index: int) -> str:
-    flat, _ = jax.tree_util.tree_flatten_with_path(out)
+    flat, _ = jax.tree_util.tree_flatten_with_path(out, is_leaf=is_generator)
     return "out" + keystr(flat[index][0])
 
 
@@ -192,24 +199,26 @@ def donation_in_mapped_error(where: str) -> ValueError:
 # Outputs
 
 
-def check_returned_statics(out: Any, leaves: list, is_array_mask: list, inputs: list) -> None:
-    """Refuse non-array outputs that cannot be returned as they are: a generator
-    (it would run after the trace ends) and an object hiding a tracer (it would
-    leak out of the transformation). Trace time only."""
-    import inspect
+def check_no_generator(out: Any, leaves: list) -> None:
+    """Refuse a returned generator: it would run after the trace ends. Trace time only."""
+    for i, leaf in enumerate(leaves):
+        if is_generator(leaf):
+            raise TypeError(
+                f"{output_path(out, i)}: the function returned a generator, which would "
+                f"run after the transformation has finished tracing. Return a list or "
+                f"tuple instead (e.g. `list(gen)` or `tuple(gen)`)."
+            )
 
+
+def check_returned_statics(out: Any, leaves: list, is_array_mask: list, inputs: list) -> None:
+    """Refuse non-array outputs that cannot be returned as they are: an object
+    hiding a tracer (it would leak out of the transformation). Trace time only."""
     from ._leaks import hidden_tracer
 
     traces = {t for t in (getattr(x, "_trace", None) for x in inputs) if t is not None}
     for i, (leaf, array) in enumerate(zip(leaves, is_array_mask)):
         if array:
             continue
-        if inspect.isgenerator(leaf) or inspect.isasyncgen(leaf):
-            raise TypeError(
-                f"{output_path(out, i)}: the function returned a generator, which would "
-                f"run after the transformation has finished tracing. Return a list or "
-                f"tuple instead (e.g. `list(gen)` or `tuple(gen)`)."
-            )
         hidden = hidden_tracer(leaf, traces)
         if hidden is not None:
             raise TypeError(

@@ -80,7 +80,7 @@ class _JitWrapper(Wrapper):
         placing = {} if plan.axes is None else {"in_shardings": self._in_shardings(split)}
         flat = flat_function(split, body, self.name, self.transform, self.source, donation)
         jitted = jax.jit(flat, donate_argnums=donate_argnums, **placing, **self._jitkwargs)
-        return Entry(jitted, plan, pattern, lower=lowering(jitted.lower))
+        return Entry(jitted, plan, pattern, lower=lowering(jitted.lower), donates=bool(donate_argnums))
 
     def _in_shardings(self, split: Split) -> tuple:
         """The sharding of every unique dynamic value, checked on this call's leaves."""

@@ -21,7 +21,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from ._errors import check_returned_statics, int_out_axis_on_non_array_error
+from ._errors import check_no_generator, check_returned_statics, is_generator, int_out_axis_on_non_array_error
 from ._gather import first_positions, getter, merge_getter
 from ._reuse import item_at, slots_of
 from ._roles import NUMBER_TYPES, is_array
@@ -104,7 +104,8 @@ def pack_outputs(
     transforms); without it the form is flat. `inputs` are the traced inputs,
     whose trace tells a leaking tracer from an outer one. Trace time only.
     """
-    leaves, treedef = jax.tree_util.tree_flatten(out)
+    leaves, treedef = jax.tree_util.tree_flatten(out, is_leaf=is_generator)
+    check_no_generator(out, leaves)
     axes = axes_of(out) if axes_of is not None else None
     if axes is not None:
         leaves = [_broadcastable(x, a, out, i) for i, (x, a) in enumerate(zip(leaves, axes))]

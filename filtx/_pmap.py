@@ -165,7 +165,7 @@ class _PmapWrapper(Wrapper):
             target = select(*unique)
             return target.lower(*unique, stand) if stand is not None else target.lower(*unique)
 
-        return Entry(call, plan, pattern, lower=lowering(lower), refuse_deleted=True)
+        return Entry(call, plan, pattern, lower=lowering(lower), refuse_deleted=True, donates=donation is not None)
 
     def _trace(self, flat, per_device: list, axes: tuple, local_size: int | None) -> tuple:
         resolved = []

@@ -282,7 +282,7 @@ def test_setting_a_flax_nnx_variable_is_an_error_that_points_to_nnx():
             self.count = nnx.Variable(jnp.zeros(()))
 
     def bump(c):
-        c.count.value = c.count.value + 1
+        c.count[...] = c.count[...] + 1
         return 0
 
     c = Counter()

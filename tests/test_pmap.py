@@ -182,3 +182,21 @@ def test_callable_out_axes_with_fewer_devices_than_available_sees_the_right_axis
     out = p(jnp.ones((4, 2)))
     assert out.shape == (4, 2) and float(out[0, 0]) == 4.0
     assert seen == [4]
+
+
+def test_a_donating_step_compiled_again_by_jax_pmap_shows_no_shape_list_warning():
+    # The second call gets sharded inputs, so jax.pmap compiles again while filtx's
+    # trace is cached: JAX's aval-list warning stays hidden there too.
+    import warnings
+
+    p = filtx.filter_pmap(
+        lambda m, x: (jax.tree.map(lambda a: a - jnp.mean(x), m), jax.lax.psum(jnp.sum(x), "d")),
+        axis_name="d", donate="arrays", out_axes=(filtx.if_array(0), None),
+    )
+    m = {"w": jnp.ones((N, 3))}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            m, total = p(m, jnp.ones((N, 5, 2)))
+    assert [str(w.message) for w in caught] == []
+    assert float(total) == N * 10 and m["w"].shape == (N, 3)

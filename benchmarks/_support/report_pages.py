@@ -30,6 +30,13 @@ def fsdp_bytes(groups: dict) -> dict | None:
     return None
 
 
+def adam_loop_groups(groups: dict) -> dict:
+    """The dispatch suite's Adam-loop groups by array leaves, in order."""
+    found = {g["params"]["arrays"]: g for name, g in groups.items()
+             if g.get("suite") == "dispatch" and "/adam-loop-" in name and g.get("params")}
+    return dict(sorted(found.items()))
+
+
 def fmt_time(seconds: float | None) -> str:
     return ratios.format_time(seconds, micro="µs")
 
@@ -179,6 +186,11 @@ def suite_section(suite: str, groups: dict, share_memory: dict | None) -> list[s
         ])
         lines += ["", "![FSDP against replication: parameters and optimiser state held per device, "
                   "MB; lower is better](img/sharding_memory.png)"]
+    if suite == "dispatch" and adam_loop_groups(mine):
+        lines += ["", "The Adam loop's time per step against the model's array leaves "
+                  "(`jax.jit-leaves` is the floor: no pytree flattened or built per step):", "",
+                  "![Adam loop: time per step against array leaves, every variant; lower is "
+                  "better](img/adam_loop.png)"]
     lines += ["", f"![{suite}: each group's median times divided by its baseline's; "
               f"lower is better](img/{suite}.png)", ""]
     return lines

@@ -10,6 +10,8 @@ that lower is better:
   same optimiser and size, against model size.
 - `sharding_memory.png`: parameters and optimiser state held per device, FSDP
   against replication (the baseline).
+- `adam_loop.png`: time per step of the Adam loop against the number of array
+  leaves, one line per variant (baseline `jax.jit-params`, thick black).
 - `<suite>.png`: one panel per group of a pytest-benchmark suite, one bar per
   variant: its median time divided by the group's baseline's (the grey bar,
   1.0), annotated with the ratio and the median itself.
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import os
 
-from _support.report_pages import fmt_time, fsdp_bytes
+from _support.report_pages import adam_loop_groups, fmt_time, fsdp_bytes
 
 FONT = 10
 DONATION_STYLES = {  # mode -> matplotlib line style; overlapping lines stay visible
@@ -151,6 +153,34 @@ def plot_fsdp_memory(groups: dict, img: str) -> str | None:
     ax.set_title("FSDP against replication: memory held per device", loc="left")
     fig.tight_layout()
     path = os.path.join(img, "sharding_memory.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_adam_loop(groups: dict, img: str) -> str | None:
+    """Time per step against array leaves, every variant; returns the file written."""
+    loop = adam_loop_groups(groups)
+    if not loop:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    baseline = next(iter(loop.values()))["baseline"]
+    for variant in next(iter(loop.values()))["variants"]:
+        points = [(leaves, g["variants"][variant]["median_s"]) for leaves, g in loop.items()
+                  if g["variants"].get(variant, {}).get("median_s")]
+        style = dict(color="black", linewidth=2.6) if variant == baseline else {}
+        label = f"{variant} (baseline)" if variant == baseline else variant
+        ax.plot([p[0] for p in points], [p[1] * 1e6 for p in points], marker="o", label=label, **style)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("array leaves in the model (the optimiser state holds twice as many)")
+    ax.set_ylabel("median time per step (µs; lower is better)")
+    ax.set_title("Adam loop, donating, pipelined: time per step against leaves", loc="left")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=FONT - 1)
+    fig.tight_layout()
+    path = os.path.join(img, "adam_loop.png")
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

@@ -14,7 +14,12 @@ Every figure is a ratio of two timings measured in the same run (see
   of rebuilding outputs with non-array leaves, which every training step pays.
 - A pipelined training loop: 100 SGD steps on a 4.2M-parameter MLP, with
   donation, blocking once at the end. Baseline: `jax.jit` with `donate_argnums`
-  on the partitioned parameters and optimiser state.
+  on the partitioned parameters and optimiser state. The same loop on narrow
+  MLPs of 100 and 1000 array leaves, where dispatch dominates.
+- The reuse issue's loop: 100 Adam steps (model and optimiser state fed back,
+  donating, pipelined) on narrow MLPs of 10, 100 and 1000 array leaves, with
+  the floor: `jax.jit` on the flat list of every array leaf of parameters and
+  optimiser state (`jax.jit-leaves`: no pytree is flattened or built per step).
 
 Under `--benchmark-disable` each body runs once (a smoke test, a few seconds in
 all, with two training steps of a small MLP instead of 100 of the large one).
@@ -25,6 +30,7 @@ import functools as ft
 import equinox as eqx
 import jax
 import numpy as np
+import optax
 import pytest
 
 from _support import models, ratios
@@ -50,10 +56,16 @@ TRAIN_GROUP = f"{SUITE}/train-loop/{TRAIN_STEPS}-steps"
 # The donation issue's loop: the same pipelined, donating SGD loop on narrow MLPs
 # of about 100 and 1000 array leaves, where dispatch (not compute) dominates.
 LEAFY_TRAIN = (100, 1000)
+ADAM_LEAVES = (10, 100, 1000)
+ADAM_VARIANTS = ("jax.jit-params", "filtx", "eqx", "jax.jit-leaves")
 
 
 def leafy_group(size: int) -> str:
     return f"{SUITE}/train-loop-{size}-leaves/{TRAIN_STEPS}-steps"
+
+
+def adam_group(size: int) -> str:
+    return f"{SUITE}/adam-loop-{size}-leaves/{TRAIN_STEPS}-steps"
 
 
 #
@@ -156,11 +168,12 @@ def train_model(smoke: bool, leaves: int | None = None):
 
 
 @ft.cache
-def train_setup(variant: str, smoke: bool, leaves: int | None = None):
+def train_setup(variant: str, smoke: bool, leaves: int | None = None, adam: bool = False):
     """`(step, state)`: `step(*state, x, y) -> (*state, loss)` is one donating SGD
-    step of this variant, `state` its initial (model or parameters, optimiser
-    state). The state must be copied before use: the step donates it."""
-    optim = models.sgd()
+    (or Adam) step of this variant, `state` its initial (model or parameters,
+    optimiser state; for `jax.jit-leaves` the flat list of both). The state must
+    be copied before use: the step donates it."""
+    optim = optax.adam(1e-3) if adam else models.sgd()
     train_step = models.make_train_step(optim)
     model = train_model(smoke, leaves)
     opt_state = optim.init(eqx.filter(model, eqx.is_inexact_array))
@@ -168,7 +181,7 @@ def train_setup(variant: str, smoke: bool, leaves: int | None = None):
         return filtx.filter_jit(train_step, donate="arrays"), (model, opt_state)
     if variant == "eqx":
         return eqx.filter_jit(train_step, donate="all"), (model, opt_state)
-    if variant == "jax.jit-params":
+    if variant in ("jax.jit-params", "jax.jit-leaves"):
         params, static = eqx.partition(model, eqx.is_array)
 
         def params_step(params, opt_state, x, y):
@@ -177,7 +190,15 @@ def train_setup(variant: str, smoke: bool, leaves: int | None = None):
             )
             return eqx.filter(model, eqx.is_array), opt_state, loss
 
-        return jax.jit(params_step, donate_argnums=(0, 1)), (params, opt_state)
+        if variant == "jax.jit-params":
+            return jax.jit(params_step, donate_argnums=(0, 1)), (params, opt_state)
+        flat, treedef = jax.tree_util.tree_flatten((params, opt_state))
+
+        def leaves_step(flat, x, y):
+            params, opt_state, loss = params_step(*treedef.unflatten(flat), x, y)
+            return jax.tree_util.tree_leaves((params, opt_state)), loss
+
+        return jax.jit(leaves_step, donate_argnums=0), (flat,)
     raise ValueError(variant)
 
 
@@ -189,12 +210,13 @@ def train_loop(step, state, batches, steps):
     return jax.block_until_ready((state, loss))
 
 
-TRAIN_CASES = [(None, v) for v in TRAIN_VARIANTS] + [(n, v) for n in LEAFY_TRAIN for v in TRAIN_VARIANTS]
+TRAIN_CASES = [(None, v, False) for v in TRAIN_VARIANTS] + [(n, v, False) for n in LEAFY_TRAIN for v in TRAIN_VARIANTS]
+TRAIN_CASES += [(n, v, True) for n in ADAM_LEAVES for v in ADAM_VARIANTS]
 
 
-@pytest.mark.parametrize("leaves, variant", TRAIN_CASES)
-def test_train_loop(benchmark, smoke, leaves, variant):
-    step, state = train_setup(variant, smoke, leaves)
+@pytest.mark.parametrize("leaves, variant, adam", TRAIN_CASES)
+def test_train_loop(benchmark, smoke, leaves, variant, adam):
+    step, state = train_setup(variant, smoke, leaves, adam)
     model = train_model(smoke, leaves)
     batches = models.regression_batches(4, TRAIN_BATCH, model.in_size, model.out_size)
     steps = TRAIN_SMOKE_STEPS if smoke else TRAIN_STEPS
@@ -207,7 +229,7 @@ def test_train_loop(benchmark, smoke, leaves, variant):
         benchmark,
         train_loop,
         suite=SUITE,
-        group=TRAIN_GROUP if leaves is None else leafy_group(leaves),
+        group=adam_group(leaves) if adam else TRAIN_GROUP if leaves is None else leafy_group(leaves),
         variant=variant,
         baseline=TRAIN_BASELINE,
         params={
@@ -216,6 +238,7 @@ def test_train_loop(benchmark, smoke, leaves, variant):
             "parameters": models.count_params(model),
             "arrays": models.count_leaves(model)[0],
             "donate": True,
+            "optimiser": "adam" if adam else "sgd",
         },
         unit="step",
         per=steps,
@@ -247,6 +270,7 @@ TARGETS = [
     *[(warm_group("blocking", n), "filtx", "eqx", 1.0, "min") for n in SIZES],
     (TRAIN_GROUP, "filtx", "eqx", 1.0, "min"),
     *[(leafy_group(n), "filtx", TRAIN_BASELINE, 1.1, "min") for n in LEAFY_TRAIN],
+    *[(adam_group(n), "filtx", TRAIN_BASELINE, 1.1, "min") for n in ADAM_LEAVES],
 ]
 
 
