@@ -29,3 +29,16 @@ def fsdp_spec(n: int, axis: str = "data"):
         return P()
 
     return spec
+
+
+def host_values(x):
+    """`x`'s values as a NumPy array, read from a copy of `x`: on JAX 0.11, an
+    array whose values were read to the host is no longer deleted when a
+    `jax.pmap` donates it (JAX keeps it), and the tests check that donation
+    deletes what it should."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    if isinstance(x, np.ndarray):
+        return np.array(x)
+    return np.asarray(jnp.copy(x))

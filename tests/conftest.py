@@ -12,9 +12,12 @@ jax.config.update("jax_enable_x64", False)
 import pytest  # noqa: E402
 
 import filtx  # noqa: E402
+import filtx._reuse as _reuse  # noqa: E402
 
 # The key behaviour tests run both with and without reusing returned objects
-# (filtx.reuse_outputs): results must be the same either way.
+# (filtx.reuse_outputs): results must be the same either way. With reuse on, the
+# tests' small models are reused too (filtx reuses only objects of at least
+# `_reuse.MIN_LEAVES` leaves).
 BOTH_WAYS = {"test_jit.py", "test_fidelity.py", "test_donation.py"}
 
 
@@ -31,8 +34,10 @@ def pytest_generate_tests(metafunc):
 
 
 @pytest.fixture
-def reuse_outputs(request):
+def reuse_outputs(request, monkeypatch):
     before = filtx.reuse_outputs()
     filtx.reuse_outputs(request.param == "reuse")
+    if request.param == "reuse":
+        monkeypatch.setattr(_reuse, "MIN_LEAVES", 1)
     yield request.param
     filtx.reuse_outputs(before)

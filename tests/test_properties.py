@@ -39,6 +39,8 @@ from hypothesis import strategies as st
 import filtx
 from filtx._roles import Role
 
+from _helpers import host_values
+
 N_DEV = 8
 _LONG = os.environ.get("FILTX_HYPOTHESIS_EXAMPLES")
 
@@ -381,7 +383,7 @@ def roles_for(call, covered, mode, arrays_static):
 
 def snapshot(call):
     leaves, treedef = jax.tree_util.tree_flatten(call)
-    values = [np.array(x) if filtx.is_array(x) else None for x in leaves]
+    values = [host_values(x) if filtx.is_array(x) else None for x in leaves]
     return leaves, treedef, values
 
 

@@ -17,6 +17,12 @@ import filtx._boundary as boundary
 import filtx._reuse as reuse
 
 
+@pytest.fixture(autouse=True)
+def small_models_reused(monkeypatch):
+    """These tests' models are small: reuse them anyway (see the last test)."""
+    monkeypatch.setattr(reuse, "MIN_LEAVES", 1)
+
+
 @pytest.fixture
 def reused(monkeypatch):
     """Counts the calls whose arguments were taken from records."""
@@ -201,3 +207,18 @@ def test_recorded_objects_passed_inside_a_reordering_node_are_flattened_whole(re
         np.testing.assert_allclose(np.asarray(u), np.asarray(v))
     assert p[0].weight.shape == (4, 3) and p[1].weight.shape == (5, 2)
     assert len(reused) == 1 and list(on._boundary.slots.values()) == [False]
+
+
+def test_only_objects_of_at_least_min_leaves_are_recorded(monkeypatch, reused):
+    monkeypatch.setattr(reuse, "MIN_LEAVES", 12)  # the default
+    small = eqx.nn.MLP(2, 2, 4, 2, key=jax.random.PRNGKey(0))  # 6 arrays, 8 leaves
+    large = eqx.nn.MLP(2, 2, 4, 5, key=jax.random.PRNGKey(0))  # 12 arrays, 14 leaves
+    plus_one = lambda m: jax.tree.map(lambda v: v + 1 if eqx.is_array(v) else v, m)  # noqa: E731
+    f = filtx.filter_jit(lambda a, b: (plus_one(a), plus_one(b)))
+    a, b = f(small, large)
+    assert reuse.find(f._boundary.records, a) is None
+    assert reuse.find(f._boundary.records, b) is not None
+    a2, b2 = f(a, b)
+    assert reused == [1]  # the large one was taken from its record
+    np.testing.assert_allclose(np.asarray(b2.layers[0].weight), np.asarray(large.layers[0].weight) + 2)
+    np.testing.assert_allclose(np.asarray(a2.layers[-1].bias), np.asarray(small.layers[-1].bias) + 2)

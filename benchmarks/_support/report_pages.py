@@ -37,6 +37,12 @@ def adam_loop_groups(groups: dict) -> dict:
     return dict(sorted(found.items()))
 
 
+def small_model_groups(groups: dict) -> dict:
+    """The dispatch suite's small-model groups (a 2-layer MLP, a GRU cell), by name."""
+    return {name: g for name, g in sorted(groups.items())
+            if g.get("suite") == "dispatch" and "/small-" in name and g.get("params")}
+
+
 def fmt_time(seconds: float | None) -> str:
     return ratios.format_time(seconds, micro="µs")
 
@@ -187,8 +193,9 @@ def suite_section(suite: str, groups: dict, share_memory: dict | None) -> list[s
         lines += ["", "![FSDP against replication: parameters and optimiser state held per device, "
                   "MB; lower is better](img/sharding_memory.png)"]
     if suite == "dispatch" and adam_loop_groups(mine):
-        lines += ["", "The Adam loop's time per step against the model's array leaves "
-                  "(`jax.jit-leaves` is the floor: no pytree flattened or built per step):", "",
+        lines += ["", "The Adam loop's time per step against the model's array leaves, with the "
+                  "small models' steps as points (`jax.jit-leaves` is the floor: no pytree "
+                  "flattened or built per step):", "",
                   "![Adam loop: time per step against array leaves, every variant; lower is "
                   "better](img/adam_loop.png)"]
     lines += ["", f"![{suite}: each group's median times divided by its baseline's; "

@@ -11,7 +11,8 @@ that lower is better:
 - `sharding_memory.png`: parameters and optimiser state held per device, FSDP
   against replication (the baseline).
 - `adam_loop.png`: time per step of the Adam loop against the number of array
-  leaves, one line per variant (baseline `jax.jit-params`, thick black).
+  leaves, one line per variant (baseline `jax.jit-params`, thick black), and the
+  small models' steps (a 2-layer MLP, a GRU cell) as points in the same colours.
 - `<suite>.png`: one panel per group of a pytest-benchmark suite, one bar per
   variant: its median time divided by the group's baseline's (the grey bar,
   1.0), annotated with the ratio and the median itself.
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import os
 
-from _support.report_pages import adam_loop_groups, fmt_time, fsdp_bytes
+from _support.report_pages import adam_loop_groups, fmt_time, fsdp_bytes, small_model_groups
 
 FONT = 10
 DONATION_STYLES = {  # mode -> matplotlib line style; overlapping lines stay visible
@@ -159,24 +160,34 @@ def plot_fsdp_memory(groups: dict, img: str) -> str | None:
 
 
 def plot_adam_loop(groups: dict, img: str) -> str | None:
-    """Time per step against array leaves, every variant; returns the file written."""
+    """Time per step against array leaves, every variant, with the small models'
+    steps as single points; returns the file written."""
     loop = adam_loop_groups(groups)
     if not loop:
         return None
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(7, 4.4))
     baseline = next(iter(loop.values()))["baseline"]
+    small = small_model_groups(groups)
+    markers = dict(zip(small, ("s", "^", "D")))
     for variant in next(iter(loop.values()))["variants"]:
         points = [(leaves, g["variants"][variant]["median_s"]) for leaves, g in loop.items()
                   if g["variants"].get(variant, {}).get("median_s")]
         style = dict(color="black", linewidth=2.6) if variant == baseline else {}
         label = f"{variant} (baseline)" if variant == baseline else variant
-        ax.plot([p[0] for p in points], [p[1] * 1e6 for p in points], marker="o", label=label, **style)
+        (line,) = ax.plot([p[0] for p in points], [p[1] * 1e6 for p in points], marker="o", label=label, **style)
+        for name, g in small.items():
+            r = g["variants"].get(variant, {})
+            if r.get("median_s"):
+                ax.plot([g["params"]["arrays"]], [r["median_s"] * 1e6], linestyle="none",
+                        marker=markers[name], color=line.get_color(), markersize=7)
+    for name, marker in markers.items():
+        ax.plot([], [], linestyle="none", marker=marker, color="0.4", label=name.split("/")[1])
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("array leaves in the model (the optimiser state holds twice as many)")
+    ax.set_xlabel("array leaves in the model (Adam's state holds twice as many)")
     ax.set_ylabel("median time per step (µs; lower is better)")
-    ax.set_title("Adam loop, donating, pipelined: time per step against leaves", loc="left")
+    ax.set_title("Per step against leaves: Adam loop (lines), small models (points)", loc="left")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=FONT - 1)
     fig.tight_layout()

@@ -20,6 +20,10 @@ Every figure is a ratio of two timings measured in the same run (see
   donating, pipelined) on narrow MLPs of 10, 100 and 1000 array leaves, with
   the floor: `jax.jit` on the flat list of every array leaf of parameters and
   optimiser state (`jax.jit-leaves`: no pytree is flattened or built per step).
+- Small models, where dispatch is nearly all of a step: the same Adam loop on a
+  2-layer MLP (16 -> 32 -> 32 -> 16, 6 array leaves) with batches of 8, and 100
+  steps of an `eqx.nn.GRUCell` (8 inputs, 32 hidden units, 4 array leaves) fed
+  its own hidden state, as a rollout does, with the same four variants.
 
 Under `--benchmark-disable` each body runs once (a smoke test, a few seconds in
 all, with two training steps of a small MLP instead of 100 of the large one).
@@ -58,6 +62,10 @@ TRAIN_GROUP = f"{SUITE}/train-loop/{TRAIN_STEPS}-steps"
 LEAFY_TRAIN = (100, 1000)
 ADAM_LEAVES = (10, 100, 1000)
 ADAM_VARIANTS = ("jax.jit-params", "filtx", "eqx", "jax.jit-leaves")
+SMALL_MLP = dict(in_size=16, out_size=16, width_size=32, depth=2)
+GRU = dict(input_size=8, hidden_size=32)
+MLP2_GROUP = f"{SUITE}/small-mlp-2-layer-batch-{TRAIN_BATCH}/{TRAIN_STEPS}-steps"
+GRU_GROUP = f"{SUITE}/small-gru-cell-rollout/{TRAIN_STEPS}-steps"
 
 
 def leafy_group(size: int) -> str:
@@ -161,14 +169,16 @@ def test_warm_call(benchmark, size, sync, output, variant):
 #
 
 
-def train_model(smoke: bool, leaves: int | None = None):
+def train_model(smoke: bool, leaves: int | str | None = None):
+    if leaves == "mlp-2-layer":
+        return eqx.nn.MLP(**SMALL_MLP, key=jax.random.key(0))
     if leaves is not None:
         return models.leafy_mlp(10 if smoke else leaves)  # smoke: small, nothing is timed
     return models.train_mlp(**(TRAIN_SMOKE_MODEL if smoke else {}))
 
 
 @ft.cache
-def train_setup(variant: str, smoke: bool, leaves: int | None = None, adam: bool = False):
+def train_setup(variant: str, smoke: bool, leaves: int | str | None = None, adam: bool = False):
     """`(step, state)`: `step(*state, x, y) -> (*state, loss)` is one donating SGD
     (or Adam) step of this variant, `state` its initial (model or parameters,
     optimiser state; for `jax.jit-leaves` the flat list of both). The state must
@@ -211,7 +221,15 @@ def train_loop(step, state, batches, steps):
 
 
 TRAIN_CASES = [(None, v, False) for v in TRAIN_VARIANTS] + [(n, v, False) for n in LEAFY_TRAIN for v in TRAIN_VARIANTS]
-TRAIN_CASES += [(n, v, True) for n in ADAM_LEAVES for v in ADAM_VARIANTS]
+TRAIN_CASES += [(n, v, True) for n in (*ADAM_LEAVES, "mlp-2-layer") for v in ADAM_VARIANTS]
+
+
+def train_group(leaves, adam: bool) -> str:
+    if leaves == "mlp-2-layer":
+        return MLP2_GROUP
+    if adam:
+        return adam_group(leaves)
+    return TRAIN_GROUP if leaves is None else leafy_group(leaves)
 
 
 @pytest.mark.parametrize("leaves, variant, adam", TRAIN_CASES)
@@ -229,7 +247,7 @@ def test_train_loop(benchmark, smoke, leaves, variant, adam):
         benchmark,
         train_loop,
         suite=SUITE,
-        group=adam_group(leaves) if adam else TRAIN_GROUP if leaves is None else leafy_group(leaves),
+        group=train_group(leaves, adam),
         variant=variant,
         baseline=TRAIN_BASELINE,
         params={
@@ -245,6 +263,63 @@ def test_train_loop(benchmark, smoke, leaves, variant, adam):
         pedantic=dict(setup=setup, rounds=TRAIN_ROUNDS, iterations=1),
     )
     assert np.isfinite(float(loss))
+
+
+#
+# A recurrent cell's rollout
+#
+
+
+def gru_step(cell, h, x):
+    return cell(x, h)
+
+
+@ft.cache
+def gru_setup(variant: str):
+    """`(step, cell)`: `step(cell, h, x) -> h` is one call of the cell in this
+    variant; `cell` is what it takes (the cell, its parameters or their leaves)."""
+    cell = eqx.nn.GRUCell(**GRU, key=jax.random.key(0))
+    if variant == "filtx":
+        return filtx.filter_jit(gru_step), cell
+    if variant == "eqx":
+        return eqx.filter_jit(gru_step), cell
+    params, static = eqx.partition(cell, eqx.is_array)
+    if variant == "jax.jit-params":
+        return jax.jit(lambda p, h, x: gru_step(eqx.combine(p, static), h, x)), params
+    if variant == "jax.jit-leaves":
+        flat, treedef = jax.tree_util.tree_flatten(params)
+        return jax.jit(lambda f, h, x: gru_step(eqx.combine(treedef.unflatten(f), static), h, x)), flat
+    raise ValueError(variant)
+
+
+def gru_rollout(step, cell, h, xs, steps):
+    for i in range(steps):
+        h = step(cell, h, xs[i % len(xs)])
+    return jax.block_until_ready(h)
+
+
+@pytest.mark.parametrize("variant", ADAM_VARIANTS)
+def test_gru_rollout(benchmark, smoke, variant):
+    step, cell = gru_setup(variant)
+    xs = [jax.device_put(x) for x in np.random.default_rng(0).standard_normal(
+        (4, GRU["input_size"]), dtype=np.float32)]
+    h0 = jax.numpy.zeros(GRU["hidden_size"])
+    steps = TRAIN_SMOKE_STEPS if smoke else TRAIN_STEPS
+    reference = gru_rollout(gru_setup("jax.jit-params")[0], gru_setup("jax.jit-params")[1], h0, xs, steps)
+    np.testing.assert_allclose(gru_rollout(step, cell, h0, xs, steps), reference, rtol=1e-5, atol=1e-6)
+    h = ratios.measure(
+        benchmark,
+        lambda: gru_rollout(step, cell, h0, xs, steps),
+        suite=SUITE,
+        group=GRU_GROUP,
+        variant=variant,
+        baseline=TRAIN_BASELINE,
+        params={"steps": steps, "arrays": models.count_leaves(cell)[0], "donate": False,
+                "model": "gru-cell"},
+        unit="step",
+        per=steps,
+    )
+    assert h.shape == (GRU["hidden_size"],)
 
 
 #
