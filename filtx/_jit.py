@@ -164,10 +164,10 @@ def filter_jit(
         mesh set by `jax.set_mesh`).
     - `reuse_outputs`: when an argument is an object this function returned (the
         model fed back into the next step) and cannot have changed since (an
-        Equinox Module, other immutable pytrees, of at least 12 leaves), take its
-        leaves from what filtx recorded when it built it instead of flattening it
-        again. Results are the same; `False` (or `filtx.reuse_outputs(False)`)
-        turns it off.
+        Equinox Module, other immutable pytrees), take its leaves from what filtx
+        recorded when it built it instead of flattening it again (for outputs
+        with at least 32 leaves in such objects). Results are the same; `False`
+        (or `filtx.reuse_outputs(False)`) turns it off.
     - `**jitkwargs`: passed to `jax.jit`, except `static_argnums`,
         `static_argnames`, `donate_argnums` and `donate_argnames`, which filtx owns.
 

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 
 from ._errors import check_no_generator, check_returned_statics, is_generator, int_out_axis_on_non_array_error
 from ._gather import first_positions, getter, merge_getter
-from ._reuse import item_at, slots_of
+from ._reuse import item_at, reusable_slots
 from ._roles import NUMBER_TYPES, is_array
 from ._share import pattern_of
 
@@ -39,7 +39,7 @@ class OutputInfo:
     def __init__(self, treedef, statics: tuple, merge, expand, take, direct: bool, positions: list):
         self.treedef = treedef
         self.positions = positions  # the leaf position of every unique array output
-        self.slots = slots_of(treedef)  # reusable objects in the output (see _reuse)
+        self.slots = reusable_slots(treedef)  # reusable objects in the output (see _reuse)
         self.slot_types: list | None = None
         self.statics = statics  # the non-array outputs, in order
         self.merge = merge  # getter over statics + arrays, restoring leaf order

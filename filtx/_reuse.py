@@ -30,10 +30,11 @@ __all__ = ["reuse_outputs"]
 MAX_RECORDS = 16  # per wrapper's compile state
 MAX_DEPTH = 3  # how deep in tuples and namedtuples reusable objects are looked for
 MAX_WIDTH = 16  # and in those of at most this many items (a long tuple of arrays: not searched)
-# An object of fewer leaves is flattened as usual: recording it and finding it
-# again cost more than its flatten (an Adam loop on a 2-layer MLP, 8 leaves: 5%
-# slower with reuse; even at 12 leaves, faster from about 20).
-MIN_LEAVES = 12
+# An output whose reusable objects hold fewer leaves in all is not recorded:
+# finding, splicing and recording cost about as much as flattening ~30 leaves
+# (Adam loops, model + two moments: 20 leaves 18% slower with reuse, 32 leaves
+# 3% faster; recording only the larger objects of an output is slower still).
+MIN_LEAVES = 32
 _SLOT = object()  # where a recorded object's leaves go in the flattened rest of a call
 
 _enabled = [os.environ.get("FILTX_REUSE_OUTPUTS", "1") != "0"]
@@ -47,8 +48,8 @@ def reuse_outputs(enabled: bool | None = None) -> bool:
     reuse on, filtx takes that model's leaves from what it recorded when it
     built it, instead of flattening the model again. Only objects that cannot
     have changed since are reused (Equinox Modules and other immutable pytrees),
-    and only those of at least 12 leaves (a smaller one flattens faster than it
-    is found); results are the same either way.
+    when an output holds at least 32 leaves in such objects (fewer flatten
+    faster than they are found); results are the same either way.
 
     **Arguments:**
 
@@ -141,8 +142,8 @@ def immutable_node_type(t: type) -> bool:
 def reusable(treedef) -> bool:
     """Whether a subtree of this structure may be reused: every node immutable, and
     its root's type takes weak references. Once per output signature."""
-    if treedef.num_leaves < MIN_LEAVES:
-        return False  # a small object: nothing to gain
+    if treedef.num_nodes == 1 and treedef.num_leaves == 1:
+        return False  # a single leaf: nothing to gain
     root = treedef.node_data()
     if root is None or not getattr(root[0], "__weakrefoffset__", 0):
         return False
@@ -177,6 +178,12 @@ def slots_of(treedef, path: tuple = (), start: int = 0, depth: int = MAX_DEPTH) 
         slots += slots_of(child, path + (i,), start, depth - 1)
         start += child.num_leaves
     return slots
+
+
+def reusable_slots(treedef) -> tuple:
+    """`slots_of(treedef)`, if they hold at least `MIN_LEAVES` leaves in all."""
+    slots = slots_of(treedef)
+    return slots if sum(b - a for _, _, a, b in slots) >= MIN_LEAVES else ()
 
 
 def item_at(tree: Any, path: tuple) -> Any:

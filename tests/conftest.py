@@ -16,8 +16,8 @@ import filtx._reuse as _reuse  # noqa: E402
 
 # The key behaviour tests run both with and without reusing returned objects
 # (filtx.reuse_outputs): results must be the same either way. With reuse on, the
-# tests' small models are reused too (filtx reuses only objects of at least
-# `_reuse.MIN_LEAVES` leaves).
+# tests' small models are reused too (filtx records an output only when its
+# reusable objects hold at least `_reuse.MIN_LEAVES` leaves in all).
 BOTH_WAYS = {"test_jit.py", "test_fidelity.py", "test_donation.py"}
 
 

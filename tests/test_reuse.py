@@ -209,16 +209,17 @@ def test_recorded_objects_passed_inside_a_reordering_node_are_flattened_whole(re
     assert len(reused) == 1 and list(on._boundary.slots.values()) == [False]
 
 
-def test_only_objects_of_at_least_min_leaves_are_recorded(monkeypatch, reused):
-    monkeypatch.setattr(reuse, "MIN_LEAVES", 12)  # the default
+def test_an_output_is_recorded_only_when_its_reusable_objects_hold_min_leaves_in_all(monkeypatch, reused):
+    monkeypatch.setattr(reuse, "MIN_LEAVES", 32)  # the default
     small = eqx.nn.MLP(2, 2, 4, 2, key=jax.random.PRNGKey(0))  # 6 arrays, 8 leaves
-    large = eqx.nn.MLP(2, 2, 4, 5, key=jax.random.PRNGKey(0))  # 12 arrays, 14 leaves
+    large = eqx.nn.MLP(2, 2, 4, 15, key=jax.random.PRNGKey(0))  # 32 arrays, 34 leaves
     plus_one = lambda m: jax.tree.map(lambda v: v + 1 if eqx.is_array(v) else v, m)  # noqa: E731
     f = filtx.filter_jit(lambda a, b: (plus_one(a), plus_one(b)))
-    a, b = f(small, large)
-    assert reuse.find(f._boundary.records, a) is None
-    assert reuse.find(f._boundary.records, b) is not None
+    a, b = f(small, small)  # 16 leaves in all: flattened as usual
+    assert reuse.find(f._boundary.records, a) is None and reuse.find(f._boundary.records, b) is None
+    a, b = f(a, large)  # 42: both recorded
+    assert reuse.find(f._boundary.records, a) is not None and reuse.find(f._boundary.records, b) is not None
     a2, b2 = f(a, b)
-    assert reused == [1]  # the large one was taken from its record
+    assert reused == [1]
     np.testing.assert_allclose(np.asarray(b2.layers[0].weight), np.asarray(large.layers[0].weight) + 2)
-    np.testing.assert_allclose(np.asarray(a2.layers[-1].bias), np.asarray(small.layers[-1].bias) + 2)
+    np.testing.assert_allclose(np.asarray(a2.layers[-1].bias), np.asarray(small.layers[-1].bias) + 3)
