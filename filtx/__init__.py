@@ -14,6 +14,7 @@ them, never importing each other):
 - `_boundary`: flatten once, split by plan, key the cache; rebuild the call inside
 - `_share`: sharing patterns, donation of aliased buffers, `unshare`/`reshare`
 - `_outputs`: the one carrier of non-array and shared outputs
+- `_gather`: picking, repeating and merging leaf positions (the getters the others use)
 - `_out_specs`: output specs, callables resolved by abstract evaluation
 - `_placement`: the per-leaf placements (axes, shardings, shard_map specs)
 - `_sharding`: shardings per leaf, read against a mesh, checked by path
