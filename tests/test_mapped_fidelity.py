@@ -19,6 +19,8 @@ N = jax.local_device_count()
 # No mapped input
 
 
+# Equinox's side asks JAX for an int64 ShapeDtypeStruct (a warning without x64).
+@pytest.mark.filterwarnings("ignore:Explicitly requested dtype int64:UserWarning")
 @pytest.mark.parametrize("lib", [filtx, eqx], ids=["filtx", "equinox"])
 def test_axis_size_alone_maps_a_call_whose_only_argument_is_a_number(lib):
     out = lib.filter_vmap(lambda k: k * jnp.ones(()), axis_size=5)(3)
