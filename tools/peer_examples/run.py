@@ -1,0 +1,120 @@
+"""Run Equinox's example notebooks twice, as they are and with filtx in place of
+`equinox.filter_jit`/`filter_vmap`/`filter_pmap`, and compare what they print.
+
+    python tools/peer_examples/run.py [NAME ...]   (default: the examples below)
+
+The notebooks are read at run time from a snapshot of Equinox's repository
+(`EQUINOX_REPO`, default the bare mirror the search tool's `fetch` makes): no
+code of theirs is kept in this project. Each example's code cells (IPython
+magics dropped) go to a script under a temporary folder, which runs in a
+subprocess of its own per variant, on 8 virtual CPU devices, with Python's and
+NumPy's global generators seeded alike; at the end, the sum of the arrays in
+each of the script's globals is printed too (the model it trained, its state).
+Every number the two runs print must agree to `RTOL`; exit codes, times and warnings printed by
+only one run are reported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+EQUINOX_REPO = os.environ.get("EQUINOX_REPO", "/work/.mirror/patrick-kidger+equinox/repo")
+# Those that need only equinox, jax, numpy and optax (the others want torch,
+# einops, diffrax or a download).
+EXAMPLES = ("train_rnn", "frozen_layer", "stateful", "parallelism")
+RTOL = 1e-5
+TIMEOUT = 900
+NUMBER = re.compile(r"-?\d+\.\d+(?:[eE][-+]?\d+)?|-?\d+(?:[eE][-+]?\d+)")
+
+# NumPy's global generator is seeded alike in both runs (train_rnn shuffles with
+# it, unseeded): the examples' code itself is run unchanged.
+RUNNER = """
+import random, runpy, sys
+import numpy
+random.seed(0)
+numpy.random.seed(0)
+if sys.argv[2] == "filtx":
+    import equinox, filtx
+    equinox.filter_jit, equinox.filter_vmap, equinox.filter_pmap = (
+        filtx.filter_jit, filtx.filter_vmap, filtx.filter_pmap)
+names = runpy.run_path(sys.argv[1], run_name="__main__")
+import jax, numpy as np
+for name, value in sorted(names.items()):  # what the example computed, printed or not
+    try:
+        arrays = [x for x in jax.tree_util.tree_leaves(value) if isinstance(x, jax.Array)]
+        if arrays and not name.startswith("_"):
+            print(f"final {name}: {sum(float(np.sum(np.asarray(x, np.float64))) for x in arrays)!r}")
+    except Exception:
+        pass
+"""
+
+
+def notebook_code(name: str) -> str:
+    text = subprocess.run(
+        ["git", "-C", EQUINOX_REPO, "show", f"HEAD:docs/examples/{name}.ipynb"],
+        check=True, capture_output=True, text=True,
+    ).stdout
+    cells = ["".join(c["source"]) for c in json.loads(text)["cells"] if c["cell_type"] == "code"]
+    lines = [line for cell in cells for line in cell.splitlines() if not line.lstrip().startswith(("%", "!"))]
+    return "\n".join(lines) + "\n"
+
+
+def run(script: str, variant: str, folder: str) -> dict:
+    env = dict(os.environ, JAX_PLATFORMS="cpu", MPLBACKEND="Agg",
+               XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    start = time.perf_counter()
+    try:
+        done = subprocess.run([sys.executable, "-c", RUNNER, script, variant], cwd=folder, env=env,
+                              capture_output=True, text=True, timeout=TIMEOUT)
+        code, out, err = done.returncode, done.stdout, done.stderr
+    except subprocess.TimeoutExpired as e:
+        code, out, err = "timeout", e.stdout or "", e.stderr or ""
+    return {"code": code, "out": out, "err": err, "seconds": time.perf_counter() - start}
+
+
+def warnings_in(text: str) -> set:
+    return {line.strip() for line in text.splitlines() if "Warning" in line}
+
+
+def compare(name: str) -> dict:
+    with tempfile.TemporaryDirectory() as folder:
+        script = os.path.join(folder, f"{name}.py")
+        with open(script, "w") as f:
+            f.write(notebook_code(name))
+        runs = {v: run(script, v, folder) for v in ("equinox", "filtx")}
+    a, b = (NUMBER.findall(runs[v]["out"]) for v in ("equinox", "filtx"))
+    worst = 0.0 if len(a) == len(b) else float("inf")
+    for x, y in zip(a, b):
+        x, y = float(x), float(y)
+        worst = max(worst, abs(x - y) / max(abs(x), abs(y), 1e-12))
+    only = warnings_in(runs["filtx"]["err"]) ^ warnings_in(runs["equinox"]["err"])
+    return {"name": name, "runs": runs, "numbers": (len(a), len(b)), "worst": worst, "only": only}
+
+
+def main(names: list[str]) -> int:
+    failed = 0
+    print(f"{'example':<14} {'equinox':>14} {'filtx':>14} {'numbers':>9} {'max rel diff':>13}")
+    for name in names:
+        r = compare(name)
+        e, x = r["runs"]["equinox"], r["runs"]["filtx"]
+        ok = e["code"] == 0 and x["code"] == 0 and r["worst"] <= RTOL
+        failed += not ok
+        cells = ["%s %.0fs" % (v["code"], v["seconds"]) for v in (e, x)] + ["%d/%d" % r["numbers"]]
+        print(f"{name:<14} {cells[0]:>14} {cells[1]:>14} {cells[2]:>9} {r['worst']:>13.2e}"
+              + ("" if ok else "  DIFFERS"))
+        for line in sorted(r["only"]):
+            print(f"    warning in one run only: {line[:160]}")
+        for variant, v in r["runs"].items():
+            if v["code"] != 0:
+                print(f"    {variant} failed:\n" + "\n".join("      " + t for t in v["err"].splitlines()[-15:]))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:] or list(EXAMPLES)))
