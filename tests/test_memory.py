@@ -15,6 +15,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import filtx
 from filtx import _caches
@@ -100,9 +101,12 @@ def test_many_filter_vmap_and_filter_pmap_calls_keep_rss_flat():
     assert growth < 50 * MB, f"RSS grew {growth / MB:.1f} MB over 3,000 vmap+pmap calls ({seconds:.1f}s)"
 
 
-def test_a_training_loop_reusing_what_it_returned_holds_no_more_memory_than_without():
-    """Reuse records the model each step returns; with donation, resident memory
-    stays at one model either way, and the records die with the model."""
+@pytest.mark.parametrize("donate", ["none", "arrays"])
+def test_a_training_loop_reusing_what_it_returned_holds_no_more_memory_than_without(donate):
+    """Reuse records the model each step returns. Without donation every step's
+    model is a new 16.8 MB: records that kept dropped models alive would hold up
+    to 16 of them (270 MB). Either way resident memory stays within a few models,
+    as without reuse, and the records die with the model."""
     big = eqx.nn.MLP(512, 512, 512, 15, key=jax.random.PRNGKey(0))  # 34 leaves, 16.8 MB
     size = sum(x.nbytes for x in jax.tree.leaves(big) if eqx.is_array(x))
     x = jnp.ones((8, 512))
@@ -113,7 +117,7 @@ def test_a_training_loop_reusing_what_it_returned_holds_no_more_memory_than_with
 
     growth = {}
     for reuse in (False, True) * 2:  # the first pass warms the allocator up (about 6 MB)
-        f = filtx.filter_jit(sgd_step, donate="arrays", specs={"x": filtx.traced}, reuse_outputs=reuse)
+        f = filtx.filter_jit(sgd_step, donate=donate, specs={"x": filtx.traced}, reuse_outputs=reuse)
         model = f(jax.tree.map(lambda v: v + 0 if eqx.is_array(v) else v, big), x)
         for _ in range(5):
             model = f(model, x)
@@ -132,8 +136,10 @@ def test_a_training_loop_reusing_what_it_returned_holds_no_more_memory_than_with
         del model
         gc.collect()
         assert ref() is None and not f._boundary.records  # the record died with the model
-    assert growth[False] < size / 4, f"no reuse: RSS grew {growth[False] / MB:.1f} MB (one model is {size / MB:.1f} MB)"
-    assert growth[True] < growth[False] + size / 4, f"reuse: RSS grew {growth[True] / MB:.1f} MB, without {growth[False] / MB:.1f} MB"
+    # RSS moves by up to two models from run to run here (XLA's allocator); records
+    # that kept the dropped models would add up to 16.
+    for reuse, grew in growth.items():
+        assert grew < 4 * size, f"reuse={reuse}: RSS grew {grew / MB:.1f} MB (one model is {size / MB:.1f} MB)"
 
 
 # ---------------------------------------------------------------------------
