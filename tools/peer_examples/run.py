@@ -30,6 +30,7 @@ EQUINOX_REPO = os.environ.get("EQUINOX_REPO", "/work/.mirror/patrick-kidger+equi
 # einops, diffrax or a download).
 EXAMPLES = ("train_rnn", "frozen_layer", "stateful", "parallelism")
 RTOL = 1e-5
+PEER_SUITES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "peer_suites")  # the substitution
 TIMEOUT = 600
 NUMBER = re.compile(r"-?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?")
 
@@ -41,9 +42,9 @@ import numpy
 random.seed(0)
 numpy.random.seed(0)
 if sys.argv[2] == "filtx":
-    import equinox, filtx
-    equinox.filter_jit, equinox.filter_vmap, equinox.filter_pmap = (
-        filtx.filter_jit, filtx.filter_vmap, filtx.filter_pmap)
+    sys.path.insert(0, sys.argv[3])
+    from filtx_substitute import substitute
+    substitute()
 names = runpy.run_path(sys.argv[1], run_name="__main__")
 import jax, numpy as np
 for name, value in sorted(names.items()):  # what the example computed, printed or not
@@ -71,7 +72,7 @@ def run(script: str, variant: str, folder: str) -> dict:
                XLA_FLAGS="--xla_force_host_platform_device_count=8")
     start = time.perf_counter()
     try:
-        done = subprocess.run([sys.executable, "-c", RUNNER, script, variant], cwd=folder, env=env,
+        done = subprocess.run([sys.executable, "-c", RUNNER, script, variant, PEER_SUITES], cwd=folder, env=env,
                               capture_output=True, text=True, timeout=TIMEOUT)
         code, out, err = done.returncode, done.stdout, done.stderr
     except subprocess.TimeoutExpired as e:

@@ -13,14 +13,20 @@ import os
 SUBSTITUTED = ("filter_jit", "filter_vmap", "filter_pmap")
 
 
-def pytest_configure(config):
-    if os.environ.get("FILTX_SUBSTITUTE", "1") == "0":
-        return
+def substitute() -> None:
+    """Put filtx's transforms in place of Equinox's public ones (also used by
+    `tools/peer_examples/run.py`)."""
     import equinox
     import filtx
 
     for name in SUBSTITUTED:
         setattr(equinox, name, getattr(filtx, name))
+
+
+def pytest_configure(config):
+    if os.environ.get("FILTX_SUBSTITUTE", "1") == "0":
+        return
+    substitute()
     config.filtx_substituted = True
 
 
