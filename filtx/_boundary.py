@@ -31,7 +31,7 @@ from ._explain import CallSignature, explain_new_avals, explain_new_entry, expla
 from ._gather import first_positions, getter
 from ._plan import Plan, canonical_plan, static_types_of
 from ._resolve import LeafResolver
-from ._reuse import Records, find, spliced_leaves
+from ._reuse import Records, slotted, spliced_leaves
 
 __all__ = ["Boundary", "Entry", "Split", "flat_function", "unique_paths"]
 
@@ -122,9 +122,9 @@ class Boundary:
         `check_buffers` checks donated buffers for aliasing even where JAX would."""
         if kwargs and self.resolver.specs.needs_binding(kwargs):
             args, kwargs = self.resolver.specs.bind(args, kwargs)
-        found = self.records and [find(self.records, a) for a in args]
-        if found and any(f is not None for f in found):
-            leaves, key, types = self._reused_leaves(fun, args, kwargs, found)
+        reused = self.records and slotted(self.records, args)
+        if reused:
+            leaves, key, types = self._reused_leaves(fun, args, kwargs, reused)
         else:
             leaves, key = jax.tree_util.tree_flatten((fun, args, kwargs))
             types = tuple(map(type, leaves))
@@ -177,8 +177,8 @@ class Boundary:
             pattern = _share.donation_pattern(keys, plan.donate_mask)
         return Split(plan, statics, dynamic, pattern, root)
 
-    def _reused_leaves(self, fun, args: tuple, kwargs: dict, found: list) -> tuple:
-        return spliced_leaves(self.slots, (fun, args, kwargs), found)
+    def _reused_leaves(self, fun, args: tuple, kwargs: dict, reused: tuple) -> tuple:
+        return spliced_leaves(self.slots, (fun, args, kwargs), *reused)
 
     def _new_plan(self, fun, args, kwargs, key, types) -> Plan:
         root = (fun, args, kwargs)

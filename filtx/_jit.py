@@ -166,7 +166,7 @@ def filter_jit(
         model fed back into the next step) and cannot have changed since (an
         Equinox Module, other immutable pytrees), take its leaves from what filtx
         recorded when it built it instead of flattening it again (for outputs
-        with at least 32 leaves in such objects). Results are the same; `False`
+        with at least 16 leaves in such objects). Results are the same; `False`
         (or `filtx.reuse_outputs(False)`) turns it off.
     - `**jitkwargs`: passed to `jax.jit`, except `static_argnums`,
         `static_argnames`, `donate_argnums` and `donate_argnames`, which filtx owns.

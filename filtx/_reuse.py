@@ -31,10 +31,10 @@ MAX_RECORDS = 16  # per wrapper's compile state
 MAX_DEPTH = 3  # how deep in tuples and namedtuples reusable objects are looked for
 MAX_WIDTH = 16  # and in those of at most this many items (a long tuple of arrays: not searched)
 # An output whose reusable objects hold fewer leaves in all is not recorded:
-# finding, splicing and recording cost about as much as flattening ~30 leaves
-# (Adam loops, model + two moments: 20 leaves 18% slower with reuse, 32 leaves
-# 3% faster; recording only the larger objects of an output is slower still).
-MIN_LEAVES = 32
+# finding, splicing and recording cost about as much as flattening ~15 leaves
+# (Adam loops, model + two moments: 8 leaves 10% slower with reuse, 14 even,
+# 20 leaves 8% faster; recording only the larger objects of an output is slower).
+MIN_LEAVES = 16
 _SLOT = object()  # where a recorded object's leaves go in the flattened rest of a call
 
 _enabled = [os.environ.get("FILTX_REUSE_OUTPUTS", "1") != "0"]
@@ -48,7 +48,7 @@ def reuse_outputs(enabled: bool | None = None) -> bool:
     reuse on, filtx takes that model's leaves from what it recorded when it
     built it, instead of flattening the model again. Only objects that cannot
     have changed since are reused (Equinox Modules and other immutable pytrees),
-    when an output holds at least 32 leaves in such objects (fewer flatten
+    when an output holds at least 16 leaves in such objects (fewer flatten
     faster than they are found); results are the same either way.
 
     **Arguments:**
@@ -192,39 +192,40 @@ def item_at(tree: Any, path: tuple) -> Any:
     return tree
 
 
-def find(records: Records, obj: Any, depth: int = MAX_DEPTH) -> Any:
-    """The record of `obj`; else, for a tuple or namedtuple holding recorded
-    objects (at most `depth` levels down, `MAX_WIDTH` items wide), a list with
-    each item's find; else None."""
-    record = records.find(obj)
-    if record is not None or depth == 0 or not _is_sequence_node(type(obj)) or len(obj) > MAX_WIDTH:
-        return record
-    found = [find(records, item, depth - 1) for item in obj]
-    return found if any(f is not None for f in found) else None
+def slotted(records: Records, args: tuple) -> tuple | None:
+    """`(args with every recorded object in them replaced by a slot, those records
+    in flattening order)`, or None when no argument holds one. Recorded objects
+    are looked for in the arguments themselves and in their tuples and
+    namedtuples (at most `MAX_DEPTH` levels down, `MAX_WIDTH` items wide)."""
+    found: list = []
+    new = tuple([_slotted(records.items, a, found, MAX_DEPTH) for a in args])
+    return (new, found) if found else None
 
 
-def with_slots(obj: Any, found: Any, slot: Any) -> Any:
-    """`obj` with every recorded object `found` in it replaced by `slot`."""
-    if found is None:
+def _slotted(items: dict, obj: Any, found: list, depth: int) -> Any:
+    record = items.get(id(obj))
+    if record is not None and record.ref() is obj:
+        found.append(record)
+        return _SLOT
+    if depth == 0 or not isinstance(obj, tuple) or len(obj) > MAX_WIDTH or not _is_sequence_node(type(obj)):
         return obj
-    if isinstance(found, Record):
-        return slot
-    items = [with_slots(item, f, slot) for item, f in zip(obj, found)]
-    return tuple(items) if type(obj) is tuple else type(obj)._make(items)
+    before = len(found)
+    new = [_slotted(items, item, found, depth - 1) for item in obj]
+    if len(found) == before:
+        return obj
+    return tuple(new) if type(obj) is tuple else type(obj)._make(new)
 
 
-def spliced_leaves(checked: dict, root: tuple, found: list) -> tuple:
-    """`(leaves, key, types)` of a call `root = (fun, args, kwargs)` with the
-    recorded objects `found` in its arguments: the rest is flattened, their leaves
+def spliced_leaves(checked: dict, root: tuple, slotted_args: tuple, records: list) -> tuple:
+    """`(leaves, key, types)` of a call `root = (fun, args, kwargs)` whose
+    arguments hold the recorded objects `records` (`slotted_args`: the arguments
+    with slots in their place; see `slotted`): the rest is flattened, their leaves
     spliced in. `checked` maps each structure of the rest to where the records go,
     or to `False` where a full flatten disagreed when it was first seen (a custom
     node that orders or drops its children otherwise): then the call is flattened
     whole."""
-    fun, args, kwargs = root
-    rest_leaves, rest_def = jax.tree_util.tree_flatten(
-        (fun, tuple(with_slots(a, f, _SLOT) for a, f in zip(args, found)), kwargs)
-    )
-    records = found_records(found, [])
+    fun, _, kwargs = root
+    rest_leaves, rest_def = jax.tree_util.tree_flatten((fun, slotted_args, kwargs))
     positions = checked.get(rest_def)
     if positions is None:
         positions = [i for i, x in enumerate(rest_leaves) if x is _SLOT]
@@ -236,8 +237,8 @@ def spliced_leaves(checked: dict, root: tuple, found: list) -> tuple:
         leaves, key = jax.tree_util.tree_flatten(root)
         return leaves, key, tuple(map(type, leaves))
     leaves = _splice(rest_leaves, positions, [r.leaves for r in records])
-    types = _splice(tuple(map(type, rest_leaves)), positions, [r.types for r in records])
-    return leaves, (rest_def, tuple(r.treedef for r in records)), tuple(types)
+    types = _splice(list(map(type, rest_leaves)), positions, [r.types for r in records])
+    return leaves, (rest_def, tuple([r.treedef for r in records])), tuple(types)
 
 
 def _splice(rest: Any, positions: list, parts: list) -> list:
@@ -250,13 +251,3 @@ def _splice(rest: Any, positions: list, parts: list) -> list:
         start = position + 1
     out += rest[start:]
     return out
-
-
-def found_records(found: Any, into: list) -> list:
-    """The records in `found`, in flattening order."""
-    if isinstance(found, Record):
-        into.append(found)
-    elif found is not None:
-        for f in found:
-            found_records(f, into)
-    return into

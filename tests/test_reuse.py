@@ -16,6 +16,8 @@ import filtx
 import filtx._boundary as boundary
 import filtx._reuse as reuse
 
+DEFAULT_MIN_LEAVES = reuse.MIN_LEAVES  # read before any fixture changes it
+
 
 @pytest.fixture(autouse=True)
 def small_models_reused(monkeypatch):
@@ -144,9 +146,9 @@ def test_models_inside_an_optimiser_states_namedtuples_are_reused_too(monkeypatc
     spliced = []
     original = boundary.spliced_leaves
 
-    def spy(checked, root, found):
-        spliced.append(len(reuse.found_records(found, [])))
-        return original(checked, root, found)
+    def spy(checked, root, slotted_args, records):
+        spliced.append(len(records))
+        return original(checked, root, slotted_args, records)
 
     monkeypatch.setattr(boundary, "spliced_leaves", spy)
     model, opt_state, step = make()
@@ -210,16 +212,37 @@ def test_recorded_objects_passed_inside_a_reordering_node_are_flattened_whole(re
 
 
 def test_an_output_is_recorded_only_when_its_reusable_objects_hold_min_leaves_in_all(monkeypatch, reused):
-    monkeypatch.setattr(reuse, "MIN_LEAVES", 32)  # the default
-    small = eqx.nn.MLP(2, 2, 4, 2, key=jax.random.PRNGKey(0))  # 6 arrays, 8 leaves
+    monkeypatch.setattr(reuse, "MIN_LEAVES", DEFAULT_MIN_LEAVES)
+    small = eqx.nn.MLP(2, 2, 4, 1, key=jax.random.PRNGKey(0))  # 4 arrays, 6 leaves
     large = eqx.nn.MLP(2, 2, 4, 15, key=jax.random.PRNGKey(0))  # 32 arrays, 34 leaves
+    assert 2 * 6 < DEFAULT_MIN_LEAVES <= 6 + 34
     plus_one = lambda m: jax.tree.map(lambda v: v + 1 if eqx.is_array(v) else v, m)  # noqa: E731
     f = filtx.filter_jit(lambda a, b: (plus_one(a), plus_one(b)))
-    a, b = f(small, small)  # 16 leaves in all: flattened as usual
-    assert reuse.find(f._boundary.records, a) is None and reuse.find(f._boundary.records, b) is None
-    a, b = f(a, large)  # 42: both recorded
-    assert reuse.find(f._boundary.records, a) is not None and reuse.find(f._boundary.records, b) is not None
+    a, b = f(small, small)  # 12 leaves in all: flattened as usual
+    assert f._boundary.records.find(a) is None and f._boundary.records.find(b) is None
+    a, b = f(a, large)  # 40: both recorded
+    assert f._boundary.records.find(a) is not None and f._boundary.records.find(b) is not None
     a2, b2 = f(a, b)
     assert reused == [1]
     np.testing.assert_allclose(np.asarray(b2.layers[0].weight), np.asarray(large.layers[0].weight) + 2)
     np.testing.assert_allclose(np.asarray(a2.layers[-1].bias), np.asarray(small.layers[-1].bias) + 3)
+
+
+@pytest.mark.parametrize("donate", ["none", "arrays"])
+def test_a_recorded_object_passed_twice_or_with_its_own_leaf_matches_without_reuse(reused, donate):
+    def step(a, b, w):
+        plus = jax.tree.map(lambda v: v + jnp.sum(w) if eqx.is_array(v) else v, a)
+        return plus, jax.tree.map(lambda v: v * 2 if eqx.is_array(v) else v, b), jnp.sum(w)
+
+    results = []
+    for reuse_outputs in (True, False):
+        f = filtx.filter_jit(step, donate=donate, reuse_outputs=reuse_outputs)
+        a, b, _ = f(*[eqx.nn.MLP(2, 2, 4, 1, key=jax.random.PRNGKey(k)) for k in (0, 1)], jnp.ones(()))
+        a, b, s = f(a, a, jnp.full((), 2.0))  # one recorded model in two positions
+        a, b, t = f(b, a, a.layers[0].bias)  # a recorded model and a leaf of another
+        results.append((a, b, s, t))
+    assert len(reused) == 2
+    on, off = (eqx.filter(r, eqx.is_array) for r in results)
+    assert jax.tree.structure(on) == jax.tree.structure(off)
+    for u, v in zip(jax.tree.leaves(on), jax.tree.leaves(off)):
+        np.testing.assert_allclose(np.asarray(u), np.asarray(v))
