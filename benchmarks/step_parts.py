@@ -1,0 +1,101 @@
+"""Where the time of a training step goes: the Adam loop of `suites/bench_dispatch.py`
+taken apart, each part against the flat-leaves floor measured in the same run.
+
+    python benchmarks/step_parts.py               # 10, 100 and 1000 array leaves
+    python benchmarks/step_parts.py 10 100 --rounds 15
+
+Per step of 100 pipelined, donating Adam steps (model and optimiser state fed
+back; rounds interleaved, medians): `jax.jit` on the flat list of leaves (the
+floor: no pytree flattened or built), `jax.jit(donate_argnums=(0, 1))` on the
+partitioned parameters (the benchmarks' baseline) and `filtx.filter_jit`.
+Then the parts of a filtx step, each timed alone (best of 7 repeats):
+
+- `flatten`: flattening the step's arguments, which `jax.jit` does on every call
+  and filtx skips for the objects it returned one step earlier;
+- `split`: filtx's own work before the compiled call, with those objects reused;
+- `build`: building the returned model and optimiser state (Equinox's own
+  unflatten), which any transformation that returns them pays.
+
+This is a profile, not a benchmark suite: it reads filtx's internals, and its
+figures are for finding costs, not for the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import timeit
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.join(HERE, "suites")]
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+import bench_dispatch as bd  # noqa: E402
+from _support import models  # noqa: E402
+
+LOOPS = {"floor": "jax.jit-leaves", "jax.jit": "jax.jit-params", "filtx": "filtx"}
+
+
+def loop_times(leaves: int, rounds: int) -> dict:
+    """Median seconds per step of each loop variant, rounds interleaved."""
+    model = bd.train_model(False, leaves)
+    batches = models.regression_batches(4, bd.TRAIN_BATCH, model.in_size, model.out_size)
+    setups = {name: bd.train_setup(variant, False, leaves, True) for name, variant in LOOPS.items()}
+    for step, state in setups.values():
+        bd.train_loop(step, models.fresh_copy(state), batches, 3)
+    times: dict = {name: [] for name in setups}
+    for _ in range(rounds):
+        for name, (step, state) in setups.items():
+            state = models.fresh_copy(state)
+            start = time.perf_counter()
+            bd.train_loop(step, state, batches, bd.TRAIN_STEPS)
+            times[name].append((time.perf_counter() - start) / bd.TRAIN_STEPS)
+    return {name: float(np.median(t)) for name, t in times.items()}
+
+
+def part_times(leaves: int) -> dict:
+    """Seconds for each part of one filtx step, on the state a step returned."""
+    step, state = bd.train_setup("filtx", False, leaves, True)
+    model = bd.train_model(False, leaves)
+    x, y = models.regression_batches(1, bd.TRAIN_BATCH, model.in_size, model.out_size)[0]
+    state = models.fresh_copy(state)
+    for _ in range(3):  # the state is now what the step returned: reused
+        *state, _ = step(*state, x, y)
+    args = (*state, x, y)
+    boundary = step._boundary
+    entry, dynamic, split = boundary.prepare(step._fun, args, {}, step._build)
+    copies = [x.copy() for x in dynamic]  # the call donates: it runs on copies
+    arrays, carrier = jax.block_until_ready(entry.call(*copies))
+
+    def best(fn) -> float:
+        return min(timeit.repeat(fn, number=200, repeat=7)) / 200
+
+    return {
+        "flatten": best(lambda: jax.tree_util.tree_flatten((step._fun, args, {}))),
+        "split": best(lambda: boundary.split(step._fun, args, {})),
+        "build": best(lambda: carrier.info.build(arrays)),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("leaves", nargs="*", type=int, default=list(bd.ADAM_LEAVES))
+    parser.add_argument("--rounds", type=int, default=9)
+    options = parser.parse_args()
+    print(f"jax {jax.__version__}, {os.cpu_count()} CPUs; µs per step, and as a fraction of the floor step")
+    header = ["array leaves", "floor", "jax.jit", "filtx", "flatten", "split", "build", "floor + build"]
+    print(" | ".join(header))
+    for leaves in options.leaves:
+        figures = loop_times(leaves, options.rounds) | part_times(leaves)
+        figures["floor + build"] = figures["floor"] + figures["build"]
+        floor = figures["floor"]
+        cells = [f"{figures[k] * 1e6:.1f} ({figures[k] / floor:.2f})" for k in header[1:]]
+        print(" | ".join([str(leaves), *cells]), flush=True)
+
+
+if __name__ == "__main__":
+    main()
