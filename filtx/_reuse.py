@@ -109,12 +109,6 @@ class Records:
                 items.pop(next(iter(items)), None)
             items[key] = record
 
-    def find(self, obj: Any) -> Record | None:
-        record = self.items.get(id(obj))
-        if record is not None and record.ref() is obj:
-            return record
-        return None
-
     def clear(self) -> None:
         with self.lock:
             self.items.clear()

@@ -219,9 +219,10 @@ def test_an_output_is_recorded_only_when_its_reusable_objects_hold_min_leaves_in
     plus_one = lambda m: jax.tree.map(lambda v: v + 1 if eqx.is_array(v) else v, m)  # noqa: E731
     f = filtx.filter_jit(lambda a, b: (plus_one(a), plus_one(b)))
     a, b = f(small, small)  # 12 leaves in all: flattened as usual
-    assert f._boundary.records.find(a) is None and f._boundary.records.find(b) is None
+    assert reuse.slotted(f._boundary.records, (a, b)) is None
     a, b = f(a, large)  # 40: both recorded
-    assert f._boundary.records.find(a) is not None and f._boundary.records.find(b) is not None
+    slotted_args, found = reuse.slotted(f._boundary.records, (a, b))
+    assert len(found) == 2 and found[0].ref() is a and found[1].ref() is b
     a2, b2 = f(a, b)
     assert reused == [1]
     np.testing.assert_allclose(np.asarray(b2.layers[0].weight), np.asarray(large.layers[0].weight) + 2)
