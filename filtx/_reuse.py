@@ -35,7 +35,7 @@ MAX_WIDTH = 16  # and in those of at most this many items (a long tuple of array
 # (Adam loops, model + two moments: 8 leaves 10% slower with reuse, 14 even,
 # 20 leaves 8% faster; recording only the larger objects of an output is slower).
 MIN_LEAVES = 16
-_SLOT = object()  # where a recorded object's leaves go in the flattened rest of a call
+_SLOT = object()  # the leaf where a recorded object's leaves go in the flattened rest of a call
 
 _enabled = [os.environ.get("FILTX_REUSE_OUTPUTS", "1") != "0"]
 
@@ -115,6 +115,18 @@ class Records:
 
     def __bool__(self) -> bool:
         return bool(self.items)
+
+
+class _Slot:
+    """What stands for a recorded object in the rest of a call: a node holding the
+    one leaf `_SLOT`, so that the rest's structure says where each record goes
+    (as a bare leaf, `(record, x)` and `(x, record)` would flatten alike)."""
+
+    __slots__ = ()
+
+
+_SLOT_NODE = _Slot()
+jax.tree_util.register_pytree_node(_Slot, lambda _: ((_SLOT,), None), lambda _aux, _children: _SLOT_NODE)
 
 
 def _is_equinox_module(t: type) -> bool:
@@ -200,7 +212,7 @@ def _slotted(items: dict, obj: Any, found: list, depth: int) -> Any:
     record = items.get(id(obj))
     if record is not None and record.ref() is obj:
         found.append(record)
-        return _SLOT
+        return _SLOT_NODE
     if depth == 0 or not isinstance(obj, tuple) or len(obj) > MAX_WIDTH or not _is_sequence_node(type(obj)):
         return obj
     before = len(found)

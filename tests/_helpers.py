@@ -1,6 +1,9 @@
 """Helpers shared by the test modules."""
 
 import functools
+import os
+
+from hypothesis import HealthCheck, Phase, settings
 
 
 def counting(fn):
@@ -57,3 +60,19 @@ def drain_failed_runtime_tokens():
         from jax._src import dispatch
 
         dispatch.runtime_tokens.clear()
+
+
+_LONG = os.environ.get("FILTX_HYPOTHESIS_EXAMPLES")
+
+
+def budget(default: int):
+    return settings(
+        max_examples=int(_LONG) if _LONG else default,
+        deadline=None,
+        derandomize=not _LONG,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+        print_blob=True,
+        # CI: no shrinking (a failure is reported as found, quickly); long runs shrink.
+        phases=list(Phase) if _LONG else [Phase.explicit, Phase.reuse, Phase.generate],
+    )

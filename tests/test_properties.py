@@ -26,36 +26,21 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-import os
 from typing import Any
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from hypothesis import HealthCheck, Phase, assume, given, settings
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import filtx
 from filtx._roles import Role
 
-from _helpers import host_values
+from _helpers import budget, host_values
 
 N_DEV = 8
-_LONG = os.environ.get("FILTX_HYPOTHESIS_EXAMPLES")
-
-
-def budget(default: int):
-    return settings(
-        max_examples=int(_LONG) if _LONG else default,
-        deadline=None,
-        derandomize=not _LONG,
-        database=None,
-        suppress_health_check=list(HealthCheck),
-        print_blob=True,
-        # CI: no shrinking (a failure is reported as found, quickly); long runs shrink.
-        phases=list(Phase) if _LONG else [Phase.explicit, Phase.reuse, Phase.generate],
-    )
 
 
 # ---------------------------------------------------------------------------

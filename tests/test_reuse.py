@@ -247,3 +247,26 @@ def test_a_recorded_object_passed_twice_or_with_its_own_leaf_matches_without_reu
     assert jax.tree.structure(on) == jax.tree.structure(off)
     for u, v in zip(jax.tree.leaves(on), jax.tree.leaves(off)):
         np.testing.assert_allclose(np.asarray(u), np.asarray(v))
+
+
+def test_records_moved_to_other_positions_of_a_same_shaped_call_are_spliced_where_they_stand(reused):
+    """`(record, x)` then `(y, record)`: with the records' places left out, the two
+    calls' rests look alike; each must still get its own leaves in its own order."""
+
+    def step(a, b):
+        return jax.tree.map(lambda v: v * 2, a), jax.tree.map(lambda v: v + 1, b)
+
+    results = []
+    for reuse_outputs in (True, False):
+        f = filtx.filter_jit(step, reuse_outputs=reuse_outputs)
+        a, b = f(eqx.nn.Linear(2, 2, key=jax.random.PRNGKey(0)), eqx.nn.Linear(2, 2, key=jax.random.PRNGKey(1)))
+        first = f(a, jnp.full((2,), 5.0))  # a recorded, then an array
+        a, b = f(a, b)  # both recorded again
+        second = f(jnp.full((2,), 7.0), b)  # an array, then b recorded: the same rest structure as `first`'s
+        a, b = f(a, b)
+        third = f(b, a)  # both, swapped
+        results.append((first, second, third))
+    assert len(reused) == 5
+    assert jax.tree.structure(results[0]) == jax.tree.structure(results[1])
+    for u, v in zip(jax.tree.leaves(results[0]), jax.tree.leaves(results[1])):
+        np.testing.assert_allclose(np.asarray(u), np.asarray(v))
