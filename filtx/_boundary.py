@@ -58,7 +58,9 @@ class Split(NamedTuple):
 class Entry:
     """What a transform dispatches to for one (static leaves, sharing pattern)."""
 
-    __slots__ = ("call", "plan", "take", "lower", "refuse_deleted", "compiled", "_quiet_calls", "__weakref__")
+    __slots__ = (
+        "call", "plan", "take", "lower", "refuse_deleted", "compiled", "_quiet_calls", "placements", "__weakref__",
+    )
 
     def __init__(
         self, call: Callable, plan: Plan, pattern: tuple | None, lower: Callable | None = None,
@@ -71,6 +73,7 @@ class Entry:
         self.take = None if pattern is None else getter(first_positions(pattern))
         self.lower = lower  # lower(*unique_dynamic), for ahead-of-time compilation
         self.refuse_deleted = refuse_deleted  # check for deleted arrays before each call
+        self.placements = None  # the sharding each unique value is placed at (for the error path), or None
 
     def _quietly(self, *dynamic):
         """The first calls of a donating entry, with JAX's unusable-donation warning

@@ -16,7 +16,8 @@ from ._lowering import Lowered, lowering
 from ._outputs import pack_outputs, unpack
 from ._resolve import LeafResolver
 from ._roles import is_array, parse_mode
-from ._sharding import OUT_SHARDINGS, SHARDINGS, check_mesh, constrain, placed
+from ._errors import SpecError, output_path
+from ._sharding import OUT_SHARDINGS, SHARDINGS, check_mesh, place, placed, under_mesh
 from ._share import unique_donation
 from ._typing import Jitted
 from ._wrapper import Wrapper, check_options, dispatch, freeze, fun_donates
@@ -72,7 +73,7 @@ class _JitWrapper(Wrapper):
         def body(fun, args, kwargs, dynamic):
             out = fun(*args, **kwargs)
             if out_shardings is not None:
-                out = _constrained(out, out_shardings, mesh)
+                out = _placed_outputs(out, out_shardings, mesh)
             return pack_outputs(out, share, inputs=dynamic)
 
         donate_argnums = tuple(i for i, d in enumerate(donated) if d)
@@ -80,7 +81,12 @@ class _JitWrapper(Wrapper):
         placing = {} if plan.axes is None else {"in_shardings": self._in_shardings(split)}
         flat = flat_function(split, body, self.name, self.transform, self.source, donation)
         jitted = jax.jit(flat, donate_argnums=donate_argnums, **placing, **self._jitkwargs)
-        return Entry(jitted, plan, pattern, lower=lowering(jitted.lower), donates=bool(donate_argnums))
+        entry = Entry(
+            under_mesh(jitted, mesh), plan, pattern, lower=lowering(under_mesh(jitted.lower, mesh)),
+            donates=bool(donate_argnums),
+        )
+        entry.placements = placing.get("in_shardings")
+        return entry
 
     def _in_shardings(self, split: Split) -> tuple:
         """The sharding of every unique dynamic value, checked on this call's leaves."""
@@ -106,12 +112,21 @@ class _JitWrapper(Wrapper):
         return unpack(*out)
 
 
-def _constrained(out: Any, out_shardings: OutAxes, mesh: Any) -> Any:
-    """The output with every array's sharding constrained as `out_shardings` says
-    (callables answer on the traced output: once per signature)."""
+def _placed_outputs(out: Any, out_shardings: OutAxes, mesh: Any) -> Any:
+    """The output with every array placed as `out_shardings` says, on any kind of
+    mesh (see `_sharding.place`); callables answer on the traced output, once per
+    signature."""
     leaves, treedef = jax.tree_util.tree_flatten(out)
     values = out_shardings.per_leaf(out)
-    return treedef.unflatten([constrain(x, v, mesh) if is_array(x) else x for x, v in zip(leaves, values)])
+    placed_leaves = []
+    for i, (x, v) in enumerate(zip(leaves, values)):
+        if v is not None and is_array(x):
+            try:
+                x = place(x, v, mesh)
+            except SpecError as e:
+                raise ValueError(f"out_shardings for {output_path(out, i)}: {e}") from None
+        placed_leaves.append(x)
+    return treedef.unflatten(placed_leaves)
 
 
 @overload

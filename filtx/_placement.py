@@ -26,6 +26,9 @@ class Placement:
     - `expected`: what the values may be, for messages.
     - `nothing`: the value meaning "nothing to place" (an unmapped axis: None).
     - `name`: how a value reads in a message (`axis 0`).
+    - `arrays_only`: callables are asked for array leaves only (shardings: a rule
+        may read `leaf.shape`); other leaves take `nothing`. Axes ask every leaf,
+        as Equinox does.
     """
 
     what: str
@@ -35,6 +38,7 @@ class Placement:
     noun: str = "value"
     nothing: Any = None
     name: Callable[[Any], str] = repr
+    arrays_only: bool = False
 
     def prefix_leaf(self, x: Any) -> bool:
         return x is None or isinstance(x, Role) or (not is_user_callable(x) and self.is_value(x))

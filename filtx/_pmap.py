@@ -1,9 +1,13 @@
-"""filter_pmap: `jax.pmap` over whole pytrees, the user's function traced once.
+"""filter_pmap: data-parallel steps over whole pytrees, on `jax.jit` + `jax.shard_map`.
 
-The function is traced once per per-device signature to a closed jaxpr with the
-axis name bound (`jax.make_jaxpr(..., axis_env=...)`); callable out_axes are
-resolved on that trace's output; `jax.pmap` evaluates the jaxpr, so a re-trace
-by pmap (a new placement of the inputs, say) never runs the user's function again.
+The per-device function is traced once per per-device signature to a closed
+jaxpr with the axis name bound (`jax.make_jaxpr(..., axis_env=...)`), under the
+view a shard_map body has of its mesh; callable out_axes are resolved on that
+trace's output. The jaxpr then runs per device in `jax.jit(jax.shard_map(...))`
+over a one-axis mesh of the devices (see `_per_shard`), its mapped axis
+squeezed on the way in and restored on the way out, as `jax.pmap` does since
+JAX 0.8; `jax.pmap` itself is not used. A new placement of the inputs, or a new
+context, makes JAX trace the jaxpr's evaluation again, never the user's function.
 """
 
 from __future__ import annotations
@@ -13,23 +17,33 @@ from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar, overload
 
 import jax
+import numpy as np
 from jax.extend.core import jaxpr_as_fun
+from jax.sharding import Mesh, PartitionSpec
 
-from ._boundary import Boundary, Entry, Split, flat_function, unique_paths
+from ._boundary import Boundary, Entry, Split, flat_function, top_level, unique_paths
 from ._caches import BoundedCache
-from ._errors import device_count_error, in_axes_error, unmapped_outputs_error
+from ._errors import (
+    device_count_error,
+    in_axes_error,
+    no_mapped_input_error,
+    owned_option_error,
+    unknown_option_error,
+    unmapped_outputs_error,
+)
 from ._lowering import Lowered, lowering
-from ._mapped import stand_in
 from ._out_specs import OutAxes, config_key
 from ._outputs import pack_outputs, unpack
-from ._prefix import broadcast_prefix
+from ._per_shard import PerShard, manual_view
 from ._placement import AXES
+from ._prefix import broadcast_prefix
+from ._hosts import Hosts
 from ._resolve import LeafResolver
 from ._roles import if_array, parse_mode
 from ._share import unique_donation
 from ._typing import Pmapped
 from ._varying import varying_outputs
-from ._wrapper import Wrapper, check_options, dispatch, freeze, fun_donates
+from ._wrapper import Wrapper, dispatch, freeze, fun_donates
 
 __all__ = ["filter_pmap"]
 
@@ -37,25 +51,20 @@ P = ParamSpec("P")
 R = TypeVar("R")
 _DEFAULT_AXIS_NAME = "filtx_pmap_axis"
 _OWN = ["fun", "in_axes", "out_axes", "axis_name", "axis_size", "donate", "specs", "share", "devices", "backend"]
-_OWNED_BY_FILTX = ("static_broadcasted_argnums", "donate_argnums", "in_axes", "out_axes")
+_OWNED_BY_FILTX = ("static_broadcasted_argnums", "donate_argnums")
 
 
-def _per_device(x, axis) -> tuple:
-    aval = jax.typeof(x)
-    shape = list(aval.shape)
-    if axis is not None:
-        del shape[axis]
-    return (tuple(shape), aval.dtype, aval.weak_type)
+def _spec(name: Any, axis: int | None) -> PartitionSpec:
+    return PartitionSpec() if axis is None else PartitionSpec(*([None] * axis), name)
 
 
 class _PmapWrapper(Wrapper):
     transform = "filter_pmap"
 
-    def __init__(self, fun, in_axes, out_axes, axis_name, axis_size, donate, specs, share, devices, backend, pmapkwargs):
+    def __init__(self, fun, in_axes, out_axes, axis_name, axis_size, donate, specs, share, devices, backend):
         mode = parse_mode(donate)
         super().__init__(fun, (
-            mode, share, freeze(specs), freeze(in_axes), freeze(out_axes), axis_name, axis_size,
-            freeze(devices), backend, freeze(pmapkwargs),
+            mode, share, freeze(specs), freeze(in_axes), freeze(out_axes), axis_name, axis_size, freeze(devices), backend,
         ))
         self._boundary = self._shared(lambda: Boundary(
             LeafResolver(fun, mode=mode, specs=specs, placement=AXES, placements=in_axes, fun_donates=fun_donates(fun)), share, self.name
@@ -63,18 +72,17 @@ class _PmapWrapper(Wrapper):
         self._out_axes = OutAxes(out_axes)
         self._axis_name = _DEFAULT_AXIS_NAME if axis_name is None else axis_name
         self._axis_size = axis_size
-        self._devices = devices
+        self._devices = None if devices is None else tuple(devices)
         self._backend = backend
         self._share = share
-        self._pmapkwargs = pmapkwargs
         self._mode = mode
 
     def __call__(self, /, *args, **kwargs):
         entry, dynamic, split = self._boundary.prepare(self._fun, args, kwargs, self._build)
         try:
             return unpack(*dispatch(entry.call, dynamic, split, entry))
-        except (ValueError, IndexError) as e:
-            error = self._size_error(split, entry, dynamic)
+        except (ValueError, IndexError, TypeError) as e:
+            error = self._size_error(split, dynamic)
             if error is not None:
                 raise error from e
             raise
@@ -87,12 +95,9 @@ class _PmapWrapper(Wrapper):
     def _finish(self, out) -> Any:
         return unpack(*out)
 
-    # -- building an entry -------------------------------------------------------
-
     def _build(self, split: Split) -> Entry:
         plan, pattern = split.plan, split.pattern
         donated = plan.donate_mask if pattern is None else unique_donation(pattern, plan.donate_mask)
-        axes = plan.unique_placements(pattern)
         out_axes, share = self._out_axes, self._share
 
         def body(fun, args, kwargs, dynamic):
@@ -100,121 +105,161 @@ class _PmapWrapper(Wrapper):
 
         donation = (self._mode, list(donated)) if any(donated) else None
         flat = flat_function(split, body, self.name, self.transform, self.source, donation)
-        stand = None
-        if self._axis_size is not None and all(a is None for a in axes):
-            stand = stand_in(self._axis_size)  # JAX needs a mapped input
-        traces = BoundedCache()
+        runner = _Runner(self, flat, plan.unique_placements(pattern), donated)
+        return Entry(runner.call, plan, pattern, lower=lowering(runner.lower), refuse_deleted=True, donates=donation is not None)
 
-        def trace_once(per_device: tuple, local_size: int | None, config) -> tuple:
-            """`(evaluate, out_treedef, out_axes_tree)`: the user's function traced once
-            per per-device signature and configuration, its callable out_axes resolved there."""
-            return traces.get_or_build(
-                (per_device, config), lambda: self._trace(flat, per_device, axes, local_size)
-            )
-
-        def make_run(fixed: tuple | None) -> Callable:
-            def run(*xs):
-                if stand is not None:
-                    xs = xs[:-1]
-                found = fixed or trace_once(tuple(_per_device(x, None) for x in xs), None, config_key())
-                evaluate, out_treedef, _ = found
-                return out_treedef.unflatten(evaluate(*xs))
-
-            return run
-
-        def pmapped(run: Callable, out_axes_tree) -> Callable:
-            return jax.pmap(
-                run,
-                axis_name=self._axis_name,
-                in_axes=tuple(axes) + ((0,) if stand is not None else ()),
-                out_axes=(out_axes_tree, None),
-                donate_argnums=tuple(i for i, d in enumerate(donated) if d),
-                devices=self._devices,
-                backend=self._backend,
-                axis_size=self._axis_size,
-                **self._pmapkwargs,
-            )
-
-        if not self._out_axes.needs_evaluation:
-            by_config = BoundedCache()  # jax.pmap's own cache ignores configuration changes
-
-            def select(*unique):
-                return by_config.get_or_build(
-                    config_key(), lambda: pmapped(make_run(None), self._out_axes.translated)
-                )
-        else:
-            by_signature = BoundedCache()
-
-            def for_signature(per_device, local_size, config):
-                found = trace_once(per_device, local_size, config)
-                return pmapped(make_run(found), found[2])
-
-            def select(*unique):
-                per_device = tuple(_per_device(x, a) for x, a in zip(unique, axes))
-                local_size = self._axis_size or next((x.shape[a] for x, a in zip(unique, axes) if a is not None), None)
-                config = config_key()
-                return by_signature.get_or_build(
-                    (per_device, config), lambda: for_signature(per_device, local_size, config)
-                )
-
-        def call(*unique):
-            target = select(*unique)
-            return target(*unique, stand) if stand is not None else target(*unique)
-
-        def lower(*unique):
-            target = select(*unique)
-            return target.lower(*unique, stand) if stand is not None else target.lower(*unique)
-
-        return Entry(call, plan, pattern, lower=lowering(lower), refuse_deleted=True, donates=donation is not None)
-
-    def _trace(self, flat, per_device: list, axes: tuple, local_size: int | None) -> tuple:
-        resolved = []
-
-        def traced(*xs):
-            arrays, carrier = flat(*xs)
-            if self._out_axes.needs_evaluation:
-                resolved.append(self._out_axes.tree_for(unpack(arrays, carrier)))
-            return arrays, carrier
-
-        shapes = [jax.ShapeDtypeStruct(s, d, weak_type=w) for s, d, w in per_device]
-        closed, out_shape = jax.make_jaxpr(
-            traced, axis_env=[(self._axis_name, self._global_axis_size(local_size))], return_shape=True
-        )(*shapes)
-        tree = resolved[0] if resolved else self._out_axes.translated
-        _check_unmapped_outputs(closed, [a is not None for a in axes], out_shape[0], tree)
-        return jaxpr_as_fun(closed), jax.tree_util.tree_structure(out_shape), tree
-
-    def _global_axis_size(self, local_size: int | None) -> int:
-        """The axis size collectives see: pmap's own inside its trace; otherwise
-        the mapped inputs' size over every process, as `jax.pmap` computes it."""
-        try:
-            return jax.lax.axis_size(self._axis_name)
-        except Exception:  # not inside pmap's trace: no such axis bound
-            pass
-        if self._axis_size is not None:
-            return self._axis_size
+    def _devices_for(self, local_size: int) -> tuple[list, int]:
+        """The mesh's devices (over every process, each one's together, as `jax.pmap`
+        orders them) and the axis size the function sees."""
+        hosts = jax.process_count(self._backend)
+        size = self._axis_size if self._axis_size is not None else local_size * hosts
+        if hosts == 1 and self._axis_size is not None and self._axis_size != local_size:
+            raise ValueError(f"filter_pmap: axis_size={self._axis_size}, but the mapped inputs have {local_size}.")
         if self._devices is not None:
-            return len(self._devices)
-        if local_size is None:
-            local_size = jax.local_device_count(self._backend)
-        return local_size * jax.process_count()
+            devices = list(self._devices)
+        elif hosts > 1:
+            devices = [d for p in range(hosts) for d in jax.local_devices(p, self._backend)]
+        else:
+            devices = jax.devices(self._backend)
+        if size > len(devices):
+            raise ValueError(f"filter_pmap: {size} mapped, on {len(devices)} devices.")
+        return devices[:size], size
 
-    def _size_error(self, split: Split, entry: Entry, dynamic: list) -> ValueError | None:
+    def _size_error(self, split: Split, dynamic: list) -> ValueError | None:
         paths = unique_paths(split.root, split.plan, split.pattern)
         axes = split.plan.unique_placements(split.pattern)
-        error = in_axes_error(paths, dynamic, axes, self._axis_size, "filter_pmap")
+        error = in_axes_error(paths, dynamic, axes, self._axis_size if jax.process_count() == 1 else None, "filter_pmap")
         if error is not None:
             return error
         n_devices = len(self._devices) if self._devices is not None else jax.local_device_count(self._backend)
         for path, leaf, axis in zip(paths, dynamic, axes):
             if axis is not None and leaf.shape[axis] > n_devices:
                 return device_count_error(path, leaf, axis, n_devices)
+        if all(a is None for a in axes) and self._axis_size is None:
+            return no_mapped_input_error("filter_pmap")
         return None
 
 
-def _check_unmapped_outputs(closed, mapped_inputs: list[bool], arrays_tree, out_axes_tree) -> None:
+class _Runner:
+    """One entry's calls: a `PerShard` per device count, and the user's function
+    traced once per per-device signature (and configuration)."""
+
+    def __init__(self, wrapper: _PmapWrapper, flat: Callable, axes: tuple, donated):
+        self.wrapper = wrapper
+        self.flat = flat
+        self.axes = axes
+        self.donate_argnums = tuple(i for i, d in enumerate(donated) if d)
+        self.first = next((i for i, a in enumerate(axes) if a is not None), None)
+        self.runs: dict = {}
+        self.traces = BoundedCache()
+        self.hosts = Hosts.get(wrapper._backend)
+
+    def call(self, *unique):
+        run = self.runs.get(self._local_size(unique)) or self._new_run(unique)
+        if self.hosts is not None and top_level():
+            return self.hosts.to_local(run.mesh, run(*self._global(run, unique)))
+        try:
+            return run(*unique)
+        except (ValueError, KeyError):  # KeyError: JAX 0.10 on another mesh's Explicit axes
+            moved = run.misplaced(unique)
+            if not moved or not top_level():
+                raise
+            return run(*_moved(unique, moved, run.shardings, self.donate_argnums))
+
+    def lower(self, *unique):
+        run = self.runs.get(self._local_size(unique)) or self._new_run(unique)
+        return run.lower(*(self._global(run, unique) if self.hosts is not None else unique))
+
+    def _global(self, run: PerShard, unique: tuple) -> tuple:
+        name = self.wrapper._axis_name
+        specs = tuple(_spec(name, None if a is None else a % np.ndim(x)) for x, a in zip(unique, self.axes))
+        return self.hosts.to_global(run.mesh, unique, specs)
+
+    def _local_size(self, unique: tuple) -> int | None:
+        if self.first is None:
+            return None
+        return unique[self.first].shape[self.axes[self.first]]
+
+    def _new_run(self, unique: tuple) -> PerShard:
+        local_size = self._local_size(unique)
+        if local_size is None:
+            if self.wrapper._axis_size is None:
+                raise no_mapped_input_error("filter_pmap")
+            local_size = self.wrapper._axis_size // jax.process_count(self.wrapper._backend)
+        devices, size = self.wrapper._devices_for(local_size)
+        name = self.wrapper._axis_name
+        mesh = Mesh(np.array(devices), (name,))
+        trace, axes = self._trace, self.axes
+
+        def inner(*xs):
+            ndims = [np.ndim(x) for x in xs]
+            mapped = [None if a is None else a % n for a, n in zip(axes, ndims)]
+            per_device = tuple(_per_device(x, a) for x, a in zip(xs, mapped))
+            closed, out_treedef, out_axes = trace(per_device, mesh, size)
+
+            def per_shard(*xs):
+                xs = [x if a is None else jax.lax.squeeze(x, [a]) for x, a in zip(xs, mapped)]
+                outs = jaxpr_as_fun(closed)(*xs)
+                return out_treedef.unflatten([y if b is None else jax.lax.expand_dims(y, [b]) for y, b in zip(outs, out_axes)])
+
+            in_specs = tuple(_spec(name, a) for a in mapped)
+            return per_shard, in_specs, out_treedef.unflatten([_spec(name, b) for b in out_axes])
+
+        placements = tuple(_spec(name, a) if a is None or a >= 0 else None for a in axes)
+        run = PerShard(inner, mesh, placements, frozenset({name}), False, self.donate_argnums)
+        self.runs[local_size if self.first is not None else None] = run
+        return run
+
+    def _trace(self, per_device: tuple, mesh: Mesh, size: int) -> tuple:
+        """`(closed jaxpr, output structure, the out axis of each array output)`."""
+        key = (per_device, config_key(), size)
+        return self.traces.get_or_build(key, lambda: self._trace_once(per_device, mesh, size))
+
+    def _trace_once(self, per_device: tuple, mesh: Mesh, size: int) -> tuple:
+        out_axes, name, resolved = self.wrapper._out_axes, self.wrapper._axis_name, []
+
+        def traced(*xs):
+            arrays, carrier = self.flat(*xs)
+            if out_axes.needs_evaluation:
+                resolved.append(out_axes.tree_for(unpack(arrays, carrier)))
+            return arrays, carrier
+
+        shapes = [jax.ShapeDtypeStruct(s, d, weak_type=w) for s, d, w in per_device]
+        with jax.sharding.use_abstract_mesh(manual_view(mesh, (name,))):
+            closed, out_shape = jax.make_jaxpr(traced, axis_env=[(name, size)], return_shape=True)(*shapes)
+        tree = resolved[0] if resolved else out_axes.translated
+        arrays = out_shape[0]
+        flat_axes = [a for a, _, _ in broadcast_prefix(tree, arrays, AXES.prefix_leaf)]
+        _check_unmapped_outputs(closed, [a is not None for a in self.axes], arrays, flat_axes)
+        flat_axes = [None if b is None else b % (len(aval.shape) + 1) for b, aval in zip(flat_axes, closed.out_avals)]
+        return closed, jax.tree_util.tree_structure(out_shape), flat_axes
+
+
+def _per_device(x, axis) -> tuple:
+    aval = jax.typeof(x)
+    shape = list(aval.shape)
+    if axis is not None:
+        del shape[axis]
+    return (tuple(shape), aval.dtype, aval.weak_type)
+
+
+def _moved(unique: tuple, positions: list, shardings: tuple, donate_argnums: tuple) -> tuple:
+    """The inputs with those committed elsewhere moved where the call takes them,
+    as `jax.pmap` always moved them; a donated one is deleted once moved."""
+    unique = list(unique)
+    for i in positions:
+        old, donated = unique[i], i in donate_argnums
+        try:  # a donated one is copied (a move may alias its buffers), then deleted
+            unique[i] = jax.device_put(old, shardings[i], may_alias=not donated)
+        except ValueError:  # JAX 0.7 keeps another mesh's Explicit spec in the move: through the host
+            unique[i] = jax.device_put(np.asarray(old), shardings[i])
+        if donated:
+            old.delete()
+    return tuple(unique)
+
+
+def _check_unmapped_outputs(closed, mapped_inputs: list[bool], arrays_tree, flat_axes: list) -> None:
     """Refuse `out_axes=None` on outputs that differ across devices."""
-    flat_axes = [a for a, _, _ in broadcast_prefix(out_axes_tree, arrays_tree, AXES.prefix_leaf)]
     varying = varying_outputs(closed, mapped_inputs)
     paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(arrays_tree)[0]]
     culprits = [f"out{p}" for p, axis, v in zip(paths, flat_axes, varying) if axis is None and v]
@@ -231,7 +276,7 @@ def _check_unmapped_outputs(closed, mapped_inputs: list[bool], arrays_tree, out_
 def filter_pmap(
     fun: None = None, *, in_axes: Any = if_array(0), out_axes: Any = if_array(0), axis_name: Any = None,
     axis_size: int | None = None, donate: str = "none", specs: Any = None, share: bool = False,
-    devices: Any = None, backend: str | None = None, **pmapkwargs: Any
+    devices: Any = None, backend: str | None = None,
 ) -> Callable[[Callable[P, R]], Pmapped[P, Any]]: ...
 
 
@@ -239,13 +284,13 @@ def filter_pmap(
 def filter_pmap(
     fun: Callable[P, R], *, in_axes: Any = if_array(0), out_axes: Any = if_array(0), axis_name: Any = None,
     axis_size: int | None = None, donate: str = "none", specs: Any = None, share: bool = False,
-    devices: Any = None, backend: str | None = None, **pmapkwargs: Any
+    devices: Any = None, backend: str | None = None,
 ) -> Pmapped[P, Any]: ...
 
 
 def filter_pmap(
     fun=None, *, in_axes=if_array(0), out_axes=if_array(0), axis_name=None, axis_size=None,
-    donate="none", specs=None, share=False, devices=None, backend=None, **pmapkwargs,
+    donate="none", specs=None, share=False, devices=None, backend=None, **unknown,
 ):
     """Run a function of whole pytrees on several devices, data-parallel.
 
@@ -265,13 +310,17 @@ def filter_pmap(
         call may map no input at all.
     - `donate`, `specs`: roles and donation, as in `filtx.filter_jit`.
     - `share`: the shared-leaf pass, as in `filtx.filter_jit`.
-    - `**pmapkwargs`: passed to `jax.pmap`, except what filtx owns.
 
     **Returns:**
 
     The parallel function, with `.lower(*args, **kwargs)` for ahead-of-time
-    compilation. Under `jax.distributed`, each process passes its local shards,
-    as with `jax.pmap`.
+    compilation. It runs as `jax.jit(jax.shard_map(...))` over a one-axis mesh of
+    the devices (not on `jax.pmap`), whether or not a mesh is set with
+    `jax.set_mesh`. Array outputs are `NamedSharding` arrays over that mesh:
+    `out[0]` gathers device 0's copy; `out.addressable_shards[0].data` reads it
+    where it is. Inputs committed elsewhere are moved (a donated one deleted
+    once moved). Under `jax.distributed`, each process passes its local shards
+    and gets its local shards back, as with `jax.pmap`.
 
     !!! example
 
@@ -292,16 +341,22 @@ def filter_pmap(
         assert params["w"].shape == (n, 3) and total.shape == ()
         ```
     """
-    check_options("filter_pmap", _OWN, jax.pmap, pmapkwargs, _OWNED_BY_FILTX)
+    _check_unknown(unknown)
     parse_mode(donate)
     if fun is None:
         return functools.partial(
             filter_pmap, in_axes=in_axes, out_axes=out_axes, axis_name=axis_name,
             axis_size=axis_size, donate=donate, specs=specs, share=share,
-            devices=devices, backend=backend, **pmapkwargs,
+            devices=devices, backend=backend,
         )
     if not callable(fun):
         raise TypeError(f"filter_pmap needs a callable, got {type(fun).__name__}.")
-    return _PmapWrapper(
-        fun, in_axes, out_axes, axis_name, axis_size, donate, specs, bool(share), devices, backend, pmapkwargs
-    )
+    return _PmapWrapper(fun, in_axes, out_axes, axis_name, axis_size, donate, specs, bool(share), devices, backend)
+
+
+def _check_unknown(unknown: dict) -> None:
+    taken = [k for k in _OWNED_BY_FILTX if k in unknown]
+    if taken:
+        raise owned_option_error("filter_pmap", taken)
+    if unknown:
+        raise unknown_option_error("filter_pmap", next(iter(unknown)), _OWN, "filter_pmap itself")

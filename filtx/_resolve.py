@@ -139,6 +139,8 @@ class LeafResolver:
             leaf_role(s, leaf, exact, dynamic, self.arrays_may_be_static)  # raises
         if role_fn is not None and (by_type := type_only(role_fn)) is not None:
             s, role_fn, exact = by_type(type(leaf)), None, True
+        if axis_fn is not None and self.placement.arrays_only and not is_array(leaf):
+            a, axis_fn, axis_exact = self.placement.nothing, None, False  # a rule for arrays only
         if axis_fn is not None and (by_type := type_only(axis_fn)) is not None:
             a, axis_fn, axis_exact = by_type(type(leaf)), None, False
         if role_fn is None and axis_fn is None:

@@ -1,6 +1,7 @@
 """filter_shard: place the arrays of a pytree by a prefix of shardings (a
-`device_put` outside a trace, a sharding constraint inside one, or a global
-array built from each process's local data), non-arrays untouched."""
+`device_put` outside a trace; inside one, a reshard on Explicit mesh axes and a
+sharding constraint on Auto ones; or a global array built from each process's
+local data), non-arrays untouched."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from ._boundary import top_level
 from ._errors import SpecError, keystr
 from ._prefix import broadcast_prefix
 from ._roles import check_callable_result, is_array, is_user_callable
-from ._sharding import OUT_SHARDINGS, check_mesh, constrain, placed, show
+from ._sharding import OUT_SHARDINGS, ambient_concrete_mesh, check_mesh, place, placed, show
 
 __all__ = ["filter_shard"]
 
@@ -36,8 +37,12 @@ def filter_shard(tree: Any, shardings: Any, *, mesh: Any = None, process_local: 
 
     **Returns:**
 
-    `tree` with its arrays placed: moved with `jax.device_put` outside a trace,
-    constrained with `jax.lax.with_sharding_constraint` inside one.
+    `tree` with its arrays placed. Outside a trace they are moved with
+    `jax.device_put`. Inside one (`filter_jit`, `jax.jit`), on a mesh's Explicit
+    axes they are resharded (`jax.sharding.reshard`: the sharding becomes part
+    of their type), and on its Auto axes constrained
+    (`jax.lax.with_sharding_constraint`); a mesh may mix both. Unlike
+    `eqx.filter_shard`, this works on the Explicit meshes `jax.make_mesh` gives.
 
     !!! example
 
@@ -88,17 +93,12 @@ def _place(leaf: Any, value: Any, mesh: Any, where: str, tracing: bool, process_
     if value is None:
         return leaf
     if tracing:
-        return constrain(leaf, value, mesh)
-    target = mesh if mesh is not None else _ambient_concrete_mesh()
+        try:
+            return place(leaf, value, mesh)
+        except SpecError as e:
+            raise ValueError(f"{where}: {e}") from None
+    target = mesh if mesh is not None else ambient_concrete_mesh()
     sharding = placed(value, target, where, None if process_local else leaf)
     if process_local:
         return jax.make_array_from_process_local_data(sharding, leaf)
     return jax.device_put(leaf, sharding)
-
-
-def _ambient_concrete_mesh():
-    try:
-        mesh = jax.sharding.get_mesh()
-    except Exception:  # pragma: no cover - a JAX without a concrete ambient mesh
-        return None
-    return None if mesh is None or mesh.empty else mesh

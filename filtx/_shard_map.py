@@ -2,7 +2,9 @@
 PartitionSpecs from prefix trees (by position, by name, or callables); every
 other leaf is held static and never given to `shard_map`; outputs may be whole
 models; callable out specs are resolved on the traced per-shard output once per
-signature."""
+signature. Calls run as `jax.jit(jax.shard_map(...))` (see `_per_shard`): at the
+top level, uncommitted inputs are placed as `in_specs` say, and a committed one
+placed otherwise is an error naming its path."""
 
 from __future__ import annotations
 
@@ -13,15 +15,16 @@ from typing import Any, ParamSpec, TypeVar, overload
 import jax
 from jax.sharding import PartitionSpec
 
-from ._boundary import Boundary, Entry, Split, flat_function
+from ._boundary import Boundary, Entry, Split, flat_function, top_level, unique_paths
 from ._caches import BoundedCache
 from ._errors import unknown_option_error
 from ._mapped import traced_numbers_as_arrays
 from ._out_specs import OutAxes, config_key, resolve_by_evaluation
 from ._outputs import pack_outputs, unpack
+from ._per_shard import PerShard, per_shard_shape
 from ._resolve import LeafResolver
 from ._roles import MODES, static
-from ._sharding import OUT_SPECS, SPECS, ambient_mesh, check_mesh
+from ._sharding import OUT_SPECS, SPECS, ambient_concrete_mesh, ambient_mesh, check_mesh, inferred_spec, misplaced_error
 from ._typing import Mapped
 from ._wrapper import Wrapper, dispatch, freeze
 
@@ -33,12 +36,17 @@ _OWN = ["fun", "mesh", "in_specs", "out_specs", "axis_names", "check_vma", "spec
 _REPLICATED = PartitionSpec()
 
 
-def _spec(value: Any) -> PartitionSpec:
+def _spec(value: Any) -> PartitionSpec | None:
+    """An in spec as `PerShard` takes it: None is inferred per call (see `inferred_spec`)."""
+    return _REPLICATED if value is static else value
+
+
+def _out_spec(value: Any) -> PartitionSpec:
     return _REPLICATED if value is None or value is static else value
 
 
 class _ShardMapEntry(Entry):
-    __slots__ = ("make_flat", "flat", "specs", "resolved")
+    __slots__ = ("make_flat", "flat", "specs", "resolved", "runs")
 
 
 class _ShardMapWrapper(Wrapper):
@@ -52,6 +60,7 @@ class _ShardMapWrapper(Wrapper):
         )
         self._boundary = self._shared(lambda: Boundary(resolver, share, self.name, unhashable_statics=True))
         self._out_specs = OutAxes(out_specs, OUT_SPECS, "out_specs")
+        self._fixed_out_specs = None if self._out_specs.needs_evaluation else _replicated_where_unset(self._out_specs.translated)
         self._mesh = mesh
         self._axis_names = frozenset(axis_names or ())
         self._check_vma = check_vma
@@ -60,27 +69,27 @@ class _ShardMapWrapper(Wrapper):
     def __call__(self, /, *args, **kwargs):
         entry, dynamic, split = self._boundary.prepare(self._fun, args, kwargs, self._build)
         dynamic = traced_numbers_as_arrays(dynamic)
-        mesh = self._mesh if self._mesh is not None else ambient_mesh()
+        mesh = self._mesh or ambient_concrete_mesh() or ambient_mesh()
         if mesh is None:
             raise ValueError(
                 "filter_shard_map has no mesh: pass mesh= to it, or set one with `jax.set_mesh(mesh)`."
             )
-        if self._out_specs.needs_evaluation:
-            key = (tuple(map(jax.typeof, dynamic)), config_key(), mesh)
-            out_specs, flat = entry.resolved.get_or_build(key, lambda: self._evaluate_out_specs(entry, dynamic, mesh))
-        else:
-            out_specs, flat = _replicated_where_unset(self._out_specs.translated), entry.flat
-        mapped = jax.shard_map(
-            flat, mesh=mesh, in_specs=entry.specs, out_specs=(out_specs, _REPLICATED),
-            axis_names=self._axis_names, check_vma=self._check_vma,
-        )
-        return unpack(*dispatch(mapped, dynamic, split, entry))
+        run = entry.runs.get(mesh) or self._new_run(entry, mesh)
+        try:
+            return unpack(*dispatch(run, dynamic, split, entry))
+        except ValueError:
+            misplaced = run.misplaced(dynamic) if top_level() else None
+            if misplaced:
+                paths = unique_paths(split.root, split.plan, split.pattern)
+                raise misplaced_error(paths, dynamic, run.shardings, None, "in_specs") from None
+            raise
 
     def _build(self, split: Split) -> Entry:
         out_specs, share = self._out_specs, self._share
         entry = _ShardMapEntry(None, split.plan, split.pattern)
         entry.specs = tuple(_spec(v) for v in split.plan.unique_placements(split.pattern))
         entry.resolved = BoundedCache()
+        entry.runs = {}
         split = split._replace(dynamic=None, root=None)  # keep no argument alive
 
         source = self.source
@@ -99,10 +108,26 @@ class _ShardMapWrapper(Wrapper):
         entry.flat = entry.call = make_flat(None, structured=not out_specs.needs_evaluation)
         return entry
 
-    def _evaluate_out_specs(self, entry, dynamic: list, mesh) -> Any:
+    def _new_run(self, entry, mesh) -> PerShard:
+        """The jitted shard_map of this entry on `mesh`; its out specs resolved while
+        JAX traces it, once per signature."""
+
+        def inner(*xs):
+            specs = tuple(inferred_spec(x, mesh) if s is None else s for x, s in zip(xs, entry.specs))
+            if self._fixed_out_specs is not None:
+                tree, flat = self._fixed_out_specs, entry.flat
+            else:
+                key = (tuple(map(jax.typeof, xs)), config_key(), mesh)
+                tree, flat = entry.resolved.get_or_build(key, lambda: self._evaluate_out_specs(entry, xs, specs, mesh))
+            return flat, specs, (tree, _REPLICATED)
+
+        run = entry.runs[mesh] = PerShard(inner, mesh, entry.specs, self._axis_names, self._check_vma)
+        return run
+
+    def _evaluate_out_specs(self, entry, xs: tuple, specs: tuple, mesh) -> Any:
         """Trace the per-shard function once, with the mesh's axes bound, and answer
         the callable out specs on its output."""
-        shapes = [_per_shard(x, spec, mesh) for x, spec in zip(dynamic, entry.specs)]
+        shapes = [per_shard_shape(jax.typeof(x), spec, mesh) for x, spec in zip(xs, specs)]
         axis_env = [(name, size) for name, size in mesh.shape.items()]
 
         def evaluate(record):
@@ -113,17 +138,7 @@ class _ShardMapWrapper(Wrapper):
 
 
 def _replicated_where_unset(tree: Any) -> Any:
-    return jax.tree_util.tree_map(_spec, tree, is_leaf=lambda x: x is None or x is static)
-
-
-def _per_shard(x: Any, spec: PartitionSpec, mesh) -> jax.ShapeDtypeStruct:
-    aval = jax.typeof(x)
-    shape = list(aval.shape)
-    for i, entry in enumerate(spec):
-        for name in entry if isinstance(entry, tuple) else (entry,):
-            if name is not None:
-                shape[i] //= mesh.shape[name]
-    return jax.ShapeDtypeStruct(tuple(shape), aval.dtype, weak_type=aval.weak_type)
+    return jax.tree_util.tree_map(_out_spec, tree, is_leaf=lambda x: x is None or x is static)
 
 
 @overload
@@ -153,9 +168,15 @@ def filter_shard_map(
         as a decorator with arguments.
     - `mesh`: the `jax.sharding.Mesh` (else the one set by `jax.set_mesh`).
     - `in_specs`: a prefix of the arguments (a tuple by position, a dict by
-        parameter name) whose leaves are `jax.sharding.PartitionSpec`, `None`
-        (replicated: `P()`), `filtx.static` (held static, closed over) or callables
-        `leaf -> one of those`. Arguments it does not cover are replicated.
+        parameter name) whose leaves are `jax.sharding.PartitionSpec`, `None`,
+        `filtx.static` (held static, closed over) or callables `leaf -> one of
+        those`. `None`, and any argument it does not cover, is split as its type
+        says on the mesh's Explicit axes (what `jax.shard_map` infers when its
+        `in_specs` is left out) and replicated on Auto axes. At the top level,
+        uncommitted inputs are placed as their spec says; a committed input
+        placed otherwise is an error naming its path (move it first, as the
+        message says). On Explicit axes, an input's type is resharded to its
+        spec where it differs (inside another trace too).
     - `out_specs`: a prefix of the output, with the same leaves; callables answer
         on the traced per-shard output, once per signature. Non-array outputs come
         back as they were returned.

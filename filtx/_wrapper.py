@@ -19,6 +19,7 @@ from ._caches import code_owner, is_table_attribute, shared_by_code
 from ._errors import owned_option_error, rename_dynamic, unknown_option_error, deleted_array_error
 from ._donation import hidden_depth, show_jax_warning
 from ._share import any_deleted, refused_aliasing
+from ._sharding import misplaced_error
 from ._signature import signature_key
 
 __all__ = ["Wrapper", "freeze", "check_options", "as_pytree", "fun_donates", "dispatch"]
@@ -224,7 +225,12 @@ def dispatch(call: Callable, dynamic: list, split: Split, entry: Entry, recheck:
             error = deleted_array_error(split.root)
             if error is not None:
                 raise error from e
-        rename_dynamic(e, unique_paths(split.root, split.plan, split.pattern))
+        paths = unique_paths(split.root, split.plan, split.pattern)
+        if entry.placements is not None:
+            error = misplaced_error(paths, dynamic, entry.placements, None, "in_shardings")
+            if error is not None:
+                raise error from None
+        rename_dynamic(e, paths)
         raise
     finally:
         if hidden_depth() != depth:  # this call compiled a donating computation

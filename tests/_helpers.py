@@ -76,3 +76,61 @@ def budget(default: int):
         # CI: no shrinking (a failure is reported as found, quickly); long runs shrink.
         phases=list(Phase) if _LONG else [Phase.explicit, Phase.reuse, Phase.generate],
     )
+
+
+# ---------------------------------------------------------------------------
+# Meshes of every kind, with their axis types always given, so that a test
+# means the same on every JAX version (jax.make_mesh gives Auto axes before JAX
+# 0.9 and Explicit ones since).
+
+MESH_KINDS = ("explicit", "auto", "mixed")
+
+
+def make_mesh(kind: str):
+    """A mesh over every device: one `data` axis, Explicit or Auto; or, `mixed`,
+    `data` Explicit and `model` Auto (2 devices along `model`)."""
+    import jax
+    from jax.sharding import AxisType
+
+    n = len(jax.devices())
+    if kind == "mixed":
+        return jax.make_mesh((n // 2, 2), ("data", "model"), axis_types=(AxisType.Explicit, AxisType.Auto))
+    axis_type = {"explicit": AxisType.Explicit, "auto": AxisType.Auto}[kind]
+    return jax.make_mesh((n,), ("data",), axis_types=(axis_type,))
+
+
+def trimmed(spec):
+    """A PartitionSpec without trailing Nones (`P('d', None)` is `P('d')`)."""
+    from jax.sharding import PartitionSpec as P
+
+    entries = list(spec)
+    while entries and entries[-1] is None:
+        entries.pop()
+    return P(*entries)
+
+
+def spec_of(x):
+    """The PartitionSpec a concrete array is placed with (trailing Nones dropped)."""
+    from jax.sharding import NamedSharding
+
+    return trimmed(x.sharding.spec) if isinstance(x.sharding, NamedSharding) else None
+
+
+def placed_as(x, mesh, spec) -> bool:
+    """Whether `x` is placed as `NamedSharding(mesh, spec)` says, as `jax.jit(out_shardings=)`
+    places it: where the mesh has Explicit axes, the sharding is also in `x`'s type."""
+    import jax
+    from jax.sharding import AxisType, NamedSharding
+
+    wanted = NamedSharding(mesh, spec)
+    if not x.sharding.is_equivalent_to(wanted, x.ndim):
+        return False
+    explicit = {n for n, t in zip(mesh.axis_names, mesh.axis_types) if t == AxisType.Explicit}
+    if not explicit:
+        return True
+    typed = jax.typeof(x).sharding
+    kept = [
+        tuple(n for n in (e if isinstance(e, tuple) else (e,)) if n in explicit) or None for e in spec
+    ]
+    kept = [k[0] if k is not None and len(k) == 1 else k for k in kept]
+    return typed.mesh == mesh.abstract_mesh and trimmed(typed.spec) == trimmed(jax.sharding.PartitionSpec(*kept))

@@ -200,3 +200,77 @@ def test_a_donating_step_compiled_again_by_jax_pmap_shows_no_shape_list_warning(
             m, total = p(m, jnp.ones((N, 5, 2)))
     assert [str(w.message) for w in caught] == []
     assert float(total) == N * 10 and m["w"].shape == (N, 3)
+
+
+# ---------------------------------------------------------------------------
+# On jax.jit + jax.shard_map, whatever mesh the program set
+
+
+def test_jax_pmap_is_never_called(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("filter_pmap called jax.pmap")
+
+    monkeypatch.setattr(jax, "pmap", refuse)
+    p = filtx.filter_pmap(sgd_step, axis_name="devices", donate="arrays", out_axes=(filtx.if_array(0), None))
+    model, loss = p(replicate(make_model()), *data())
+    assert model["w1"].shape == (N, 4, 16) and loss.shape == ()
+    assert p.lower(model, *data()).compile() is not None
+
+
+@pytest.mark.parametrize("kind", ["explicit", "auto", "mixed"])
+def test_works_under_a_mesh_set_for_the_whole_program_and_traces_once(kind):
+    from _helpers import make_mesh
+
+    traces, seen = [], []
+
+    def step(model, x, y):
+        traces.append(1)
+        seen.append(jax.sharding.get_abstract_mesh())
+        return sgd_step(model, x, y)
+
+    p = filtx.filter_pmap(step, axis_name="devices", out_axes=(filtx.if_array(0), None))
+    expected, _ = p(replicate(make_model()), *data())
+    with jax.set_mesh(make_mesh(kind)):
+        model, loss = p(replicate(make_model()), *data())
+        model, loss = p(model, *data())
+    np.testing.assert_allclose(np.asarray(model["w1"])[0], np.asarray(
+        p(expected, *data())[0]["w1"])[0], rtol=1e-6)
+    assert len(traces) == 1
+    # The per-device function sees the device axis (Manual), never the program's mesh.
+    assert seen[0].axis_names == ("devices",) and seen[0].axis_types == (jax.sharding.AxisType.Manual,)
+
+
+def test_outputs_are_sharded_over_a_one_axis_mesh_and_one_devices_copy_reads_without_a_gather():
+    out = filtx.filter_pmap(lambda x: x * 2, axis_name="d")(jnp.arange(N * 3.0).reshape(N, 3))
+    assert out.sharding.mesh.axis_names == ("d",) and out.sharding.spec == jax.sharding.PartitionSpec("d")
+    first = out.addressable_shards[0]
+    assert first.data.shape == (1, 3) and first.device == out.sharding.mesh.devices.flat[0]
+    np.testing.assert_array_equal(np.asarray(first.data)[0], [0.0, 2.0, 4.0])
+
+
+def test_inputs_committed_elsewhere_are_moved_and_donated_ones_deleted():
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from _helpers import make_mesh
+
+    p = filtx.filter_pmap(lambda x: x * 2)
+    donating = filtx.filter_pmap(lambda x: x * 2, donate="arrays")
+    mesh = make_mesh("explicit")
+    for place in (
+        lambda x: jax.device_put(x, jax.devices()[1]),  # on one device
+        lambda x: jax.device_put(x, NamedSharding(mesh, P("data"))),  # on another mesh's Explicit axis
+        lambda x: jax.device_put(x, NamedSharding(mesh, P())),  # replicated
+    ):
+        x = place(jnp.arange(N * 2.0).reshape(N, 2))
+        np.testing.assert_array_equal(np.asarray(p(x)), np.arange(N * 2.0).reshape(N, 2) * 2)
+        assert not x.is_deleted()
+        y = place(jnp.ones((N, 2)))
+        np.testing.assert_array_equal(np.asarray(donating(y)), 2.0)
+        assert y.is_deleted()
+
+
+def test_an_output_with_another_out_axis_can_be_fed_back():
+    p = filtx.filter_pmap(lambda x: x + 1, out_axes=1)
+    q = filtx.filter_pmap(lambda x: x * 2)
+    out = q(p(jnp.zeros((N, 3))).T)  # (3, N) transposed: committed, placed otherwise
+    np.testing.assert_array_equal(np.asarray(out), 2.0)

@@ -1,5 +1,8 @@
-"""Sharded training on one process: per-leaf shardings in filter_jit, a filtered
-shard_map, whole models placed by spec, donation with shardings."""
+"""filter_jit and filter_shard with shardings, on every kind of mesh: Explicit
+axes (what `jax.make_mesh` gives since JAX 0.9: the sharding is part of an
+array's type), Auto axes (`jax.sharding.Mesh`: the compiler decides, guided by
+constraints), and a mesh mixing both. Every mesh names its axis types, so each
+test means the same on every JAX version."""
 
 import equinox as eqx
 import jax
@@ -7,27 +10,18 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import filtx
 
-from _helpers import fsdp_spec
+from _helpers import MESH_KINDS, counting, fsdp_spec, make_mesh, placed_as, spec_of, trimmed
 
 N = len(jax.devices())
-MESH = Mesh(np.array(jax.devices()), ("data",))
 
 
-def spec_of(x):
-    """The array's PartitionSpec, trailing Nones dropped (`P('d', None)` is `P('d')`)."""
-    if not isinstance(x.sharding, NamedSharding):
-        return None
-    entries = list(x.sharding.spec)
-    while entries and entries[-1] is None:
-        entries.pop()
-    return P(*entries)
-
-
-fsdp = fsdp_spec(N)  # the largest axis the device count divides; else replicated
+@pytest.fixture(params=MESH_KINDS)
+def mesh(request):
+    return make_mesh(request.param)
 
 
 def make_model():
@@ -52,78 +46,141 @@ def data(n=4 * N):
     return x, x[:, :2] * 0.5
 
 
+def arrays(tree):
+    return [x for x in jax.tree_util.tree_leaves(tree) if eqx.is_array(x)]
+
+
 # ---------------------------------------------------------------------------
-# filter_jit with shardings
+# filter_jit: outputs placed as jax.jit(out_shardings=) places them
 
 
-def test_data_parallel_step_places_batch_and_model_as_specified_and_matches_one_device():
-    model = make_model()
-    opt_state = OPTIM.init(eqx.filter(model, eqx.is_array))
-    x, y = data()
-    step = filtx.filter_jit(
-        train_step, donate="arrays", mesh=MESH, specs={"x": filtx.traced, "y": filtx.traced},
-        in_shardings={"model": P(), "opt_state": P(), "x": P("data"), "y": P("data")},
-        out_shardings=(P(), P(), None),
-    )
-    ref_model, ref_state = make_model(), OPTIM.init(eqx.filter(make_model(), eqx.is_array))
-    for _ in range(3):
-        model, opt_state, loss = step(model, opt_state, x, y)
-        ref_model, ref_state, ref_loss = eqx.filter_jit(train_step)(ref_model, ref_state, x, y)
-    assert spec_of(model.layers[0].weight) == P() and len(model.layers[0].weight.devices()) == N
-    assert model.activation is jax.nn.relu
-    np.testing.assert_allclose(float(loss), float(ref_loss), rtol=1e-5)
-    np.testing.assert_allclose(np.asarray(model.layers[1].bias), np.asarray(ref_model.layers[1].bias), rtol=1e-5)
+@pytest.mark.parametrize("kind", MESH_KINDS)
+def test_outputs_are_placed_as_jax_jit_places_them(kind):
+    mesh = make_mesh(kind)
+    specs = {"a": P("data"), "b": P(), "c": P(None, "data")}
+    if kind == "mixed":
+        specs["d"] = P("data", "model")
+    x = {k: jnp.arange(2.0 * N * N).reshape(2 * N, N) for k in specs}
+
+    def f(t):
+        return jax.tree.map(lambda v: v * 2, t)
+
+    ours = filtx.filter_jit(f, out_shardings=specs, mesh=mesh)(x)
+    theirs = jax.jit(f, out_shardings={k: NamedSharding(mesh, s) for k, s in specs.items()})(x)
+    for k, spec in specs.items():
+        assert placed_as(ours[k], mesh, spec), (k, ours[k].sharding, jax.typeof(ours[k]).sharding)
+        assert jax.typeof(ours[k]).sharding == jax.typeof(theirs[k]).sharding
+        np.testing.assert_array_equal(ours[k], theirs[k])
 
 
-def test_shardings_by_position_and_by_callable_and_the_ambient_mesh():
-    f = filtx.filter_jit(lambda a, b: (a * 2, b + 1), in_shardings=(P("data"), fsdp))
-    with jax.set_mesh(MESH):
-        a, b = f(np.ones((N, 3), np.float32), np.ones((5, 2 * N), np.float32))
-    assert spec_of(a) == P("data") and spec_of(b) == P(None, "data")
+def test_on_explicit_axes_the_sharding_is_the_outputs_type():
+    mesh = make_mesh("explicit")
+    f = filtx.filter_jit(lambda x: {"y": x * 2, "n": 3}, out_shardings={"y": P("data"), "n": None}, mesh=mesh)
+    out = f(jnp.ones((N, 3)))
+    assert jax.typeof(out["y"]).sharding.spec == P("data", None) and out["n"] == 3
+    # Inside another trace, the type is what the next computation sees.
+    inner = jax.jit(lambda x: jax.typeof(f(x)["y"]).sharding.spec)
+    with jax.set_mesh(mesh):
+        assert jax.eval_shape(lambda x: f(x)["y"], jnp.ones((N, 3))).sharding.spec == P("data", None)
+    del inner
 
 
-def test_callable_out_shardings_answer_once_per_signature():
+def test_mesh_argument_puts_the_mesh_in_context_for_the_traced_function(mesh):
+    seen = []
+
+    def f(x):
+        seen.append(jax.sharding.get_abstract_mesh())
+        if AxisType.Explicit in mesh.axis_types:
+            x = jax.sharding.reshard(x, P("data"))  # a bare spec, read against the context mesh
+        return x + 1
+
+    out = filtx.filter_jit(f, mesh=mesh)(jnp.ones((N, 2)))
+    assert seen == [mesh.abstract_mesh]
+    np.testing.assert_array_equal(out, 2.0)
+    if AxisType.Explicit in mesh.axis_types:
+        assert trimmed(jax.typeof(out).sharding.spec) == P("data")
+
+
+def test_the_ambient_mesh_reads_partition_specs_as_jax_jit_reads_them(mesh):
+    def f(a, b):
+        return a * 2, b + 1
+
+    fsdp = fsdp_spec(mesh.shape["data"])
+    args = (np.ones((N, 3), np.float32), np.ones((5, 2 * N), np.float32))
+    with jax.set_mesh(mesh):
+        ours = filtx.filter_jit(f, in_shardings=(P("data"), fsdp), out_shardings=(P("data"), None))(*args)
+        theirs = jax.jit(f, in_shardings=(P("data"), P(None, "data")), out_shardings=(P("data"), None))(*args)
+        with pytest.raises(ValueError, match=r"args\[0\]: the PartitionSpec P\('nope'\) names the axis 'nope'"):
+            filtx.filter_jit(f, in_shardings=(P("nope"), None))(*args)
+    assert placed_as(ours[0], mesh, P("data"))
+    for a, b in zip(ours, theirs):
+        assert a.sharding.is_equivalent_to(b.sharding, a.ndim)
+        assert trimmed(jax.typeof(a).sharding.spec) == trimmed(jax.typeof(b).sharding.spec)
+
+
+def test_callable_out_shardings_answer_once_per_signature_for_arrays_only(mesh):
     asked = []
+    fsdp = fsdp_spec(mesh.shape["data"])
 
     def out_spec(leaf):
-        asked.append(leaf.shape)
+        asked.append(leaf.shape)  # a rule that reads the shape: never asked for a non-array
         return fsdp(leaf)
 
-    f = filtx.filter_jit(lambda t: jax.tree.map(lambda x: x * 2, t), out_shardings=out_spec, mesh=MESH)
-    tree = {"w": jnp.ones((2 * N, 3)), "b": jnp.ones(3)}
+    f = filtx.filter_jit(
+        lambda t: jax.tree.map(lambda x: x * 2 if eqx.is_array(x) else x, t), out_shardings=out_spec, mesh=mesh
+    )
+    tree = {"w": jnp.ones((2 * N, 3)), "b": jnp.ones(3), "act": jax.nn.relu, "n": 2}
     for _ in range(3):
         out = f(tree)
-    assert sorted(asked) == [(3,), (2 * N, 3)]  # once per output leaf of the one signature
-    assert spec_of(out["w"]) == P("data") and spec_of(out["b"]) == P()
+    assert sorted(asked) == [(3,), (2 * N, 3)]  # once per output array of the one signature
+    assert placed_as(out["w"], mesh, P("data")) and placed_as(out["b"], mesh, P())
+    assert out["act"] is jax.nn.relu and out["n"] == 2
 
 
-def test_static_leaves_take_no_sharding_and_in_shardings_never_reach_jax_as_given():
+def test_callable_in_shardings_are_asked_for_arrays_only():
+    mesh = make_mesh("explicit")
+    fsdp = fsdp_spec(N)
+    model = make_model()  # its activation function is a leaf: a rule reading .shape must not see it
+    out = filtx.filter_jit(lambda m, x: jax.vmap(m)(x), in_shardings=(fsdp, P("data")), mesh=mesh)(model, np.ones((N, 8), np.float32))
+    assert out.shape == (N, 2)
+    placed = filtx.filter_shard(model, fsdp, mesh=mesh)
+    assert placed_as(placed.layers[0].weight, mesh, P("data")) and placed.activation is model.activation
+
+
+def test_static_leaves_take_no_sharding(mesh):
     model = {"w": jnp.ones((N, 2)), "act": jnp.tanh, "n": 3}
-    f = filtx.filter_jit(lambda m: m["act"](m["w"]) * m["n"], in_shardings=({"w": P("data"), "act": None, "n": None},), mesh=MESH)
-    out = f(model)
-    assert spec_of(out) == P("data")
-    g = filtx.filter_jit(lambda m: m["w"], in_shardings=P(), mesh=MESH)  # a subtree spec: arrays only
+    f = filtx.filter_jit(lambda m: m["act"](m["w"]) * m["n"], in_shardings=({"w": P("data"), "act": None, "n": None},), mesh=mesh)
+    np.testing.assert_allclose(f(model), np.tanh(1.0) * 3, rtol=1e-6)
+    g = filtx.filter_jit(lambda m: m["w"], in_shardings=P(), mesh=mesh)  # a subtree spec: arrays only
     assert g(model).shape == (N, 2)
 
 
+# ---------------------------------------------------------------------------
+# Errors name the path
+
+
+@pytest.mark.parametrize("kind", ["explicit", "auto"])
 @pytest.mark.parametrize(
-    "in_shardings, mesh, tree, message",
+    "in_shardings, with_mesh, tree, message",
     [
-        (P("data"), None, {"w": jnp.ones((N, 2))}, r"args\[0\]\['w'\]: the PartitionSpec.*no mesh"),
-        (P("model"), MESH, {"w": jnp.ones((N, 2))}, r"args\[0\]\['w'\].*axis 'model'.*does not have"),
-        (P("data"), MESH, {"w": jnp.ones((N + 1, 2))}, r"args\[0\]\['w'\].*does not divide"),
-        ({"w": P(), "n": P("data")}, MESH, {"w": jnp.ones(2), "n": 3}, r"args\[0\]\['n'\] \(int\).*not an array"),
-        (
-            NamedSharding(Mesh(np.array(jax.devices()[:2]), ("data",)), P()), MESH, {"w": jnp.ones(2)},
-            r"args\[0\]\['w'\].*another mesh",
-        ),
+        (P("data"), False, {"w": jnp.ones((N, 2))}, r"args\[0\]\['w'\]: the PartitionSpec.*no mesh.*mesh=.*jax.set_mesh"),
+        (P("model"), True, {"w": jnp.ones((N, 2))}, r"args\[0\]\['w'\].*axis 'model'.*does not have"),
+        (P("data"), True, {"w": jnp.ones((N + 1, 2))}, r"args\[0\]\['w'\].*does not divide"),
+        ({"w": P(), "n": P("data")}, True, {"w": jnp.ones(2), "n": 3}, r"args\[0\]\['n'\] \(int\).*not an array"),
     ],
-    ids=["no-mesh", "unknown-axis", "indivisible", "static-leaf", "other-mesh"],
+    ids=["no-mesh", "unknown-axis", "indivisible", "static-leaf"],
 )
-def test_sharding_errors_name_the_path(in_shardings, mesh, tree, message):
-    f = filtx.filter_jit(lambda t: t, in_shardings=(in_shardings,), mesh=mesh)
+def test_sharding_errors_name_the_path(kind, in_shardings, with_mesh, tree, message):
+    f = filtx.filter_jit(lambda t: t, in_shardings=(in_shardings,), mesh=make_mesh(kind) if with_mesh else None)
     with pytest.raises(ValueError, match=message):
         f(tree)
+
+
+def test_a_sharding_on_another_mesh_than_mesh_is_refused_by_path():
+    other = NamedSharding(jax.make_mesh((2,), ("data",), axis_types=(AxisType.Explicit,), devices=jax.devices()[:2]), P())
+    f = filtx.filter_jit(lambda t: t, in_shardings=(other,), mesh=make_mesh("explicit"))
+    with pytest.raises(ValueError, match=r"args\[0\]\['w'\].*another mesh"):
+        f({"w": jnp.ones(2)})
 
 
 def test_a_bad_sharding_leaf_is_refused_when_wrapping():
@@ -131,10 +188,64 @@ def test_a_bad_sharding_leaf_is_refused_when_wrapping():
         filtx.filter_jit(lambda x: x, in_shardings=("data",))
 
 
-def test_donated_sharded_leaves_are_reused_and_memory_stays_flat_over_steps():
-    model = filtx.filter_shard(eqx.nn.MLP(8, 2, 256, 2, key=jax.random.PRNGKey(0)), fsdp, mesh=MESH)
+def test_a_partition_spec_out_sharding_with_no_mesh_names_the_output():
+    f = filtx.filter_jit(lambda x: {"y": x}, out_shardings={"y": P("data")})
+    with pytest.raises(ValueError, match=r"out\['y'\].*no mesh.*mesh=.*jax.set_mesh"):
+        f(jnp.ones(N))
+
+
+@pytest.mark.parametrize("kind", MESH_KINDS)
+def test_a_committed_argument_placed_otherwise_names_its_path_both_shardings_and_the_fix(kind):
+    mesh = make_mesh(kind)
+    f = filtx.filter_jit(lambda m, x: m["w"] * x, in_shardings={"m": P(), "x": P("data")}, mesh=mesh)
+    model = {"w": jax.device_put(jnp.ones((N, 2)), NamedSharding(mesh, P("data")))}  # committed, split
+    with pytest.raises(ValueError) as caught:
+        f(model, np.ones((N, 2), np.float32))
+    text = str(caught.value)
+    assert text.startswith("args[0]['w'] (") and "committed to P('data')" in text and "asks for P()" in text
+    assert "jax.device_put(x, NamedSharding(mesh, P()))" in text and "None in in_shardings" in text
+    # The fix it gives works.
+    model = {"w": jax.device_put(model["w"], NamedSharding(mesh, P()))}
+    np.testing.assert_array_equal(f(model, np.ones((N, 2), np.float32)), 1.0)
+
+
+def test_a_jax_jit_error_about_placement_still_names_no_flat_argument():
+    # What jax.jit says for the same mistake: a flat argument, no path (filtx's is above).
+    mesh = make_mesh("explicit")
+    x = jax.device_put(jnp.ones((N, 2)), NamedSharding(mesh, P("data")))
+    with pytest.raises(ValueError, match="does not match the sharding"):
+        jax.jit(lambda x: x, in_shardings=NamedSharding(mesh, P()))(x)
+
+
+# ---------------------------------------------------------------------------
+# Placement differences never reuse a wrong entry
+
+
+def test_another_placement_or_another_context_mesh_never_reuses_an_entry():
+    explicit, auto = make_mesh("explicit"), make_mesh("auto")
+    f = filtx.filter_jit(lambda x: x * 2)
+    split = jax.device_put(jnp.ones((N, 2)), NamedSharding(explicit, P("data")))
+    whole = jax.device_put(jnp.ones((N, 2)), NamedSharding(explicit, P()))
+    assert trimmed(jax.typeof(f(split)).sharding.spec) == P("data")
+    assert trimmed(jax.typeof(f(whole)).sharding.spec) == P()
+    seen = []
+    g = filtx.filter_jit(lambda x: (seen.append(jax.sharding.get_abstract_mesh()), x + 1)[1])
+    for mesh in (explicit, auto, explicit):
+        with jax.set_mesh(mesh):
+            g(np.ones((N, 2), np.float32))
+    g(np.ones((N, 2), np.float32))
+    assert seen == [explicit.abstract_mesh, auto.abstract_mesh, jax.sharding.get_abstract_mesh()]
+
+
+# ---------------------------------------------------------------------------
+# Donation with shardings
+
+
+def test_donated_sharded_leaves_are_reused_and_memory_stays_flat_over_steps(mesh):
+    fsdp = fsdp_spec(mesh.shape["data"])
+    model = filtx.filter_shard(eqx.nn.MLP(8, 2, 256, 2, key=jax.random.PRNGKey(0)), fsdp, mesh=mesh)
     step = filtx.filter_jit(lambda m: jax.tree.map(lambda p: p * 0.99 if eqx.is_array(p) else p, m),
-                            donate="arrays", out_shardings=fsdp, mesh=MESH)
+                            donate="arrays", out_shardings=fsdp, mesh=mesh)
 
     def per_device_bytes(arrays):
         total = {}
@@ -145,7 +256,7 @@ def test_donated_sharded_leaves_are_reused_and_memory_stays_flat_over_steps():
 
     model = step(model)
     jax.block_until_ready(model)
-    one_model = per_device_bytes(x for x in jax.tree_util.tree_leaves(model) if eqx.is_array(x))
+    one_model = per_device_bytes(arrays(model))
     existing = {id(a) for a in jax.live_arrays()}
     for _ in range(5):
         old = model
@@ -156,25 +267,50 @@ def test_donated_sharded_leaves_are_reused_and_memory_stays_flat_over_steps():
     grown = [a for a in jax.live_arrays() if id(a) not in existing and not a.is_deleted()]
     # What the steps left alive on each device is one model: each step's buffers were reused.
     assert per_device_bytes(grown) <= one_model + 4096
-    assert spec_of(model.layers[0].weight) == P("data")
+    assert placed_as(model.layers[1].weight, mesh, P("data"))
 
 
 # ---------------------------------------------------------------------------
 # filter_shard
 
 
-def test_filter_shard_places_arrays_outside_and_constrains_inside_a_trace():
+def test_filter_shard_places_arrays_outside_and_inside_a_trace(mesh):
+    fsdp = fsdp_spec(mesh.shape["data"])
     model = make_model()
-    placed = filtx.filter_shard(model, fsdp, mesh=MESH)
-    assert spec_of(placed.layers[0].weight) == P("data")  # (16, 8): the largest axis, 16
+    placed = filtx.filter_shard(model, fsdp, mesh=mesh)
+    assert placed_as(placed.layers[0].weight, mesh, P("data"))  # (16, 8): the largest axis, 16
     assert placed.activation is model.activation
-    inside = filtx.filter_jit(lambda m: filtx.filter_shard(m, fsdp, mesh=MESH))(model)
-    assert spec_of(inside.layers[0].weight) == P("data")
+    inside = filtx.filter_jit(lambda m: filtx.filter_shard(m, fsdp, mesh=mesh))(model)
+    assert placed_as(inside.layers[0].weight, mesh, P("data"))
 
 
-def test_filter_shard_is_a_drop_in_for_eqx_filter_shard():
+def test_filter_shard_inside_filter_jit_needs_no_mesh_in_context_with_a_named_sharding(mesh):
+    # Equinox's way: filter_shard(x, NamedSharding(mesh, ...)) inside a jitted step
+    # that has no mesh of its own, on uncommitted inputs.
+    sharding = NamedSharding(mesh, P("data"))
+    out = filtx.filter_jit(lambda x: filtx.filter_shard(x * 2, sharding) + 1)(jnp.ones((N, 3)))
+    assert placed_as(out, mesh, P("data"))
+    np.testing.assert_array_equal(np.asarray(out), 3.0)
+
+
+def test_filter_shard_with_a_bare_spec_and_no_mesh_points_at_mesh_and_set_mesh():
+    with pytest.raises(ValueError, match=r"tree\['w'\]: the PartitionSpec.*no mesh.*mesh=.*jax.set_mesh"):
+        filtx.filter_shard({"w": jnp.ones(2)}, P())
+    with pytest.raises(ValueError, match=r"tree\['w'\]: the PartitionSpec.*no mesh.*mesh=.*jax.set_mesh"):
+        filtx.filter_jit(lambda t: filtx.filter_shard(t, P()))({"w": jnp.ones(2)})
+
+
+def test_filter_shard_under_the_ambient_mesh_reshards_and_constrains(mesh):
+    with jax.set_mesh(mesh):
+        out = filtx.filter_jit(lambda t: filtx.filter_shard(t, {"w": P("data"), "b": P()}))(
+            {"w": jnp.ones((N, 2)), "b": jnp.ones(3)}
+        )
+    assert placed_as(out["w"], mesh, P("data")) and placed_as(out["b"], mesh, P())
+
+
+def test_filter_shard_is_a_drop_in_for_eqx_filter_shard_on_auto_axes():
     model = make_model()
-    sharding = NamedSharding(MESH, P())
+    sharding = NamedSharding(make_mesh("auto"), P())
     ours, theirs = filtx.filter_shard(model, sharding), eqx.filter_shard(model, sharding)
     for a, b in zip(jax.tree_util.tree_leaves(ours), jax.tree_util.tree_leaves(theirs)):
         assert (a is b) if not eqx.is_array(a) else a.sharding == b.sharding
@@ -182,55 +318,21 @@ def test_filter_shard_is_a_drop_in_for_eqx_filter_shard():
 
 def test_filter_shard_errors_name_the_path():
     with pytest.raises(ValueError, match=r"tree\['n'\] \(int\).*not an array"):
-        filtx.filter_shard({"w": jnp.ones(2), "n": 3}, {"w": P(), "n": P()}, mesh=MESH)
-    with pytest.raises(ValueError, match=r"tree\['w'\]: the PartitionSpec.*no mesh"):
-        filtx.filter_shard({"w": jnp.ones(2)}, P())
+        filtx.filter_shard({"w": jnp.ones(2), "n": 3}, {"w": P(), "n": P()}, mesh=make_mesh("explicit"))
 
 
-# ---------------------------------------------------------------------------
-# filter_shard_map
+def test_a_spec_splitting_one_dimension_over_an_explicit_and_an_auto_axis():
+    mesh = make_mesh("mixed")
+    out = filtx.filter_jit(lambda x: x + 1, out_shardings=P(("data", "model")), mesh=mesh)(jnp.ones((N, 2)))
+    assert out.sharding.is_equivalent_to(NamedSharding(mesh, P(("data", "model"))), 2)
+    assert trimmed(jax.typeof(out).sharding.spec) == P("data")  # the Explicit part is the type
 
 
-def test_filter_shard_map_takes_whole_models_keywords_and_statics():
-    @filtx.filter_shard_map(mesh=MESH, in_specs={"x": P("data")}, out_specs=(P(), P("data"), None))
-    def forward(model, x, *, scale):
-        y = jax.vmap(model)(x) * scale
-        return jax.lax.pmean(jnp.mean(y), "data"), y, model.activation
-
+def test_filter_vmap_over_a_batch_split_on_an_explicit_axis_inside_filter_jit():
+    mesh = make_mesh("explicit")
     model = make_model()
-    mean, y, act = forward(model, np.ones((2 * N, 8), np.float32), scale=2.0)
-    assert y.shape == (2 * N, 2) and spec_of(y) == P("data") and act is jax.nn.relu
-    np.testing.assert_allclose(float(mean), float(jnp.mean(jax.vmap(model)(jnp.ones((2, 8))) * 2)), rtol=1e-5)
-
-
-def test_filter_shard_map_callable_out_specs_are_resolved_once_per_signature():
-    asked = []
-
-    def out_spec(leaf):
-        asked.append(leaf.shape)
-        return P("data") if leaf.ndim else P()
-
-    f = filtx.filter_shard_map(
-        lambda x: (x * 2, jax.lax.psum(jnp.sum(x), "data")), mesh=MESH, in_specs=P("data"), out_specs=out_spec
-    )
-    for _ in range(3):
-        doubled, total = f(jnp.ones((2 * N, 3)))
-    assert doubled.shape == (2 * N, 3) and float(total) == 6 * N
-    assert sorted(asked) == [(), (2, 3)]  # per-shard shapes, one trace
-
-
-def test_filter_shard_map_inside_a_donating_filter_jit():
-    inner = filtx.filter_shard_map(lambda w, g: w - 0.1 * jax.lax.pmean(g, "data"), mesh=MESH, in_specs=(P(), P("data")), out_specs=P())
-
-    @filtx.filter_jit(donate="arrays", specs={"grads": filtx.traced})
-    def step(params, grads):
-        return inner(params, grads)
-
-    params = jax.device_put(jnp.ones(3), NamedSharding(MESH, P()))
-    new = step(params, jnp.ones((N, 3)))
-    assert params.is_deleted() and jnp.allclose(new, 0.9)
-
-
-def test_filter_shard_map_needs_a_mesh():
-    with pytest.raises(ValueError, match="no mesh"):
-        filtx.filter_shard_map(lambda x: x, in_specs=P("data"), out_specs=P("data"))(jnp.ones(N))
+    batch = jax.device_put(np.ones((N, 8), np.float32), NamedSharding(mesh, P("data")))
+    step = counting(lambda m, x: filtx.filter_vmap(m)(x))
+    out = filtx.filter_jit(step)(model, batch)
+    assert trimmed(jax.typeof(out).sharding.spec) == P("data") and out.shape == (N, 2)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(jax.vmap(model)(np.ones((N, 8), np.float32))), rtol=1e-6)
