@@ -89,7 +89,8 @@ def shard(batch, num_devices):
 
 def replicate(tree, devices):
     """One copy of every array of `tree` on each of `devices`, stacked on a new leading
-    axis (the layout `filter_pmap` maps over); other leaves unchanged."""
+    axis and placed as `filter_pmap` takes it (split over a one-axis mesh of the
+    devices, of Auto type as its own); other leaves unchanged."""
     mesh = jax.sharding.Mesh(np.array(devices), (AXIS_NAME,))
     sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(AXIS_NAME))
 
@@ -185,7 +186,7 @@ def train(*, epochs=20, steps_per_epoch=16, batch_size=64, learning_rate=1e-2, s
     opt_state = optimiser.init(eqx.filter(model, eqx.is_inexact_array))
 
     if route == "sharded":
-        mesh = jax.sharding.Mesh(np.array(devices), (DATA,))
+        mesh = jax.make_mesh((len(devices),), (DATA,), devices=devices)
         replicated = jax.sharding.PartitionSpec()
         model = filtx.filter_shard(model, replicated, mesh=mesh)
         opt_state = filtx.filter_shard(opt_state, replicated, mesh=mesh)

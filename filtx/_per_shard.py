@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import jax
+import numpy as np
 from jax.sharding import NamedSharding
 
 from ._boundary import top_level
@@ -91,6 +92,22 @@ class PerShard:
             i for i, (x, s) in enumerate(zip(xs, self.shardings))
             if s is not None and getattr(x, "_committed", False) and not _same_sharding(x, s)
         ]
+
+
+    def moved(self, xs: tuple, positions: list, donate_argnums: tuple) -> tuple:
+        """The inputs with those at `positions` (see `misplaced`) moved where the call
+        takes them; a donated one is copied (a move may alias its buffers), then
+        deleted, as donation would have."""
+        xs = list(xs)
+        for i in positions:
+            old, donated = xs[i], i in donate_argnums
+            try:
+                xs[i] = jax.device_put(old, self.shardings[i], may_alias=not donated)
+            except ValueError:  # JAX 0.7 keeps another mesh's Explicit spec in the move: through the host
+                xs[i] = jax.device_put(np.asarray(old), self.shardings[i])
+            if donated:
+                old.delete()
+        return tuple(xs)
 
 
 def _same_sharding(x: Any, sharding: Any) -> bool:

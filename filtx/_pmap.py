@@ -23,26 +23,19 @@ from jax.sharding import Mesh, PartitionSpec
 
 from ._boundary import Boundary, Entry, Split, flat_function, top_level, unique_paths
 from ._caches import BoundedCache
-from ._errors import (
-    device_count_error,
-    in_axes_error,
-    no_mapped_input_error,
-    owned_option_error,
-    unknown_option_error,
-    unmapped_outputs_error,
-)
+from ._errors import no_mapped_input_error, owned_option_error, unknown_option_error
+from ._hosts import Hosts, mapped_size_error, mesh_devices
 from ._lowering import Lowered, lowering
 from ._out_specs import OutAxes, config_key
 from ._outputs import pack_outputs, unpack
 from ._per_shard import PerShard, manual_view
 from ._placement import AXES
 from ._prefix import broadcast_prefix
-from ._hosts import Hosts
 from ._resolve import LeafResolver
 from ._roles import if_array, parse_mode
 from ._share import unique_donation
 from ._typing import Pmapped
-from ._varying import varying_outputs
+from ._varying import check_unmapped_outputs
 from ._wrapper import Wrapper, dispatch, freeze, fun_donates
 
 __all__ = ["filter_pmap"]
@@ -108,36 +101,10 @@ class _PmapWrapper(Wrapper):
         runner = _Runner(self, flat, plan.unique_placements(pattern), donated)
         return Entry(runner.call, plan, pattern, lower=lowering(runner.lower), refuse_deleted=True, donates=donation is not None)
 
-    def _devices_for(self, local_size: int) -> tuple[list, int]:
-        """The mesh's devices (over every process, each one's together, as `jax.pmap`
-        orders them) and the axis size the function sees."""
-        hosts = jax.process_count(self._backend)
-        size = self._axis_size if self._axis_size is not None else local_size * hosts
-        if hosts == 1 and self._axis_size is not None and self._axis_size != local_size:
-            raise ValueError(f"filter_pmap: axis_size={self._axis_size}, but the mapped inputs have {local_size}.")
-        if self._devices is not None:
-            devices = list(self._devices)
-        elif hosts > 1:
-            devices = [d for p in range(hosts) for d in jax.local_devices(p, self._backend)]
-        else:
-            devices = jax.devices(self._backend)
-        if size > len(devices):
-            raise ValueError(f"filter_pmap: {size} mapped, on {len(devices)} devices.")
-        return devices[:size], size
-
     def _size_error(self, split: Split, dynamic: list) -> ValueError | None:
         paths = unique_paths(split.root, split.plan, split.pattern)
         axes = split.plan.unique_placements(split.pattern)
-        error = in_axes_error(paths, dynamic, axes, self._axis_size if jax.process_count() == 1 else None, "filter_pmap")
-        if error is not None:
-            return error
-        n_devices = len(self._devices) if self._devices is not None else jax.local_device_count(self._backend)
-        for path, leaf, axis in zip(paths, dynamic, axes):
-            if axis is not None and leaf.shape[axis] > n_devices:
-                return device_count_error(path, leaf, axis, n_devices)
-        if all(a is None for a in axes) and self._axis_size is None:
-            return no_mapped_input_error("filter_pmap")
-        return None
+        return mapped_size_error(paths, dynamic, axes, self._axis_size, self._devices, self._backend)
 
 
 class _Runner:
@@ -160,11 +127,11 @@ class _Runner:
             return self.hosts.to_local(run.mesh, run(*self._global(run, unique)))
         try:
             return run(*unique)
-        except (ValueError, KeyError):  # KeyError: JAX 0.10 on another mesh's Explicit axes
+        except (ValueError, KeyError):  # KeyError: JAX 0.10 meeting another mesh's Explicit axes
             moved = run.misplaced(unique)
             if not moved or not top_level():
                 raise
-            return run(*_moved(unique, moved, run.shardings, self.donate_argnums))
+            return run(*run.moved(unique, moved, self.donate_argnums))
 
     def lower(self, *unique):
         run = self.runs.get(self._local_size(unique)) or self._new_run(unique)
@@ -172,8 +139,7 @@ class _Runner:
 
     def _global(self, run: PerShard, unique: tuple) -> tuple:
         name = self.wrapper._axis_name
-        specs = tuple(_spec(name, None if a is None else a % np.ndim(x)) for x, a in zip(unique, self.axes))
-        return self.hosts.to_global(run.mesh, unique, specs)
+        return self.hosts.to_global(run.mesh, unique, lambda i: _spec(name, _mapped_axis(self.axes[i], unique[i])))
 
     def _local_size(self, unique: tuple) -> int | None:
         if self.first is None:
@@ -181,19 +147,18 @@ class _Runner:
         return unique[self.first].shape[self.axes[self.first]]
 
     def _new_run(self, unique: tuple) -> PerShard:
-        local_size = self._local_size(unique)
+        wrapper, local_size = self.wrapper, self._local_size(unique)
         if local_size is None:
-            if self.wrapper._axis_size is None:
+            if wrapper._axis_size is None:
                 raise no_mapped_input_error("filter_pmap")
-            local_size = self.wrapper._axis_size // jax.process_count(self.wrapper._backend)
-        devices, size = self.wrapper._devices_for(local_size)
-        name = self.wrapper._axis_name
+            local_size = wrapper._axis_size // jax.process_count(wrapper._backend)
+        devices, size = mesh_devices(local_size, wrapper._axis_size, wrapper._devices, wrapper._backend)
+        name = wrapper._axis_name
         mesh = Mesh(np.array(devices), (name,))
         trace, axes = self._trace, self.axes
 
         def inner(*xs):
-            ndims = [np.ndim(x) for x in xs]
-            mapped = [None if a is None else a % n for a, n in zip(axes, ndims)]
+            mapped = [_mapped_axis(a, x) for a, x in zip(axes, xs)]
             per_device = tuple(_per_device(x, a) for x, a in zip(xs, mapped))
             closed, out_treedef, out_axes = trace(per_device, mesh, size)
 
@@ -230,9 +195,13 @@ class _Runner:
         tree = resolved[0] if resolved else out_axes.translated
         arrays = out_shape[0]
         flat_axes = [a for a, _, _ in broadcast_prefix(tree, arrays, AXES.prefix_leaf)]
-        _check_unmapped_outputs(closed, [a is not None for a in self.axes], arrays, flat_axes)
+        check_unmapped_outputs(closed, [a is not None for a in self.axes], arrays, flat_axes)
         flat_axes = [None if b is None else b % (len(aval.shape) + 1) for b, aval in zip(flat_axes, closed.out_avals)]
         return closed, jax.tree_util.tree_structure(out_shape), flat_axes
+
+
+def _mapped_axis(axis: int | None, x: Any) -> int | None:
+    return None if axis is None else axis % np.ndim(x)
 
 
 def _per_device(x, axis) -> tuple:
@@ -241,35 +210,6 @@ def _per_device(x, axis) -> tuple:
     if axis is not None:
         del shape[axis]
     return (tuple(shape), aval.dtype, aval.weak_type)
-
-
-def _moved(unique: tuple, positions: list, shardings: tuple, donate_argnums: tuple) -> tuple:
-    """The inputs with those committed elsewhere moved where the call takes them,
-    as `jax.pmap` always moved them; a donated one is deleted once moved."""
-    unique = list(unique)
-    for i in positions:
-        old, donated = unique[i], i in donate_argnums
-        try:  # a donated one is copied (a move may alias its buffers), then deleted
-            unique[i] = jax.device_put(old, shardings[i], may_alias=not donated)
-        except ValueError:  # JAX 0.7 keeps another mesh's Explicit spec in the move: through the host
-            unique[i] = jax.device_put(np.asarray(old), shardings[i])
-        if donated:
-            old.delete()
-    return tuple(unique)
-
-
-def _check_unmapped_outputs(closed, mapped_inputs: list[bool], arrays_tree, flat_axes: list) -> None:
-    """Refuse `out_axes=None` on outputs that differ across devices."""
-    varying = varying_outputs(closed, mapped_inputs)
-    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(arrays_tree)[0]]
-    culprits = [f"out{p}" for p, axis, v in zip(paths, flat_axes, varying) if axis is None and v]
-    if culprits:
-        raise unmapped_outputs_error(
-            culprits,
-            "it may differ across devices (it depends on a mapped input without a "
-            "collective such as jax.lax.pmean over the axis)",
-            "Reduce it over the axis, or give it an int out axis.",
-        )
 
 
 @overload

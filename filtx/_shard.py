@@ -49,15 +49,15 @@ def filter_shard(tree: Any, shardings: Any, *, mesh: Any = None, process_local: 
         ```python
         import jax
         import jax.numpy as jnp
-        import numpy as np
         import filtx
-        from jax.sharding import Mesh, PartitionSpec as P
+        from jax.sharding import NamedSharding, PartitionSpec as P
 
-        mesh = Mesh(np.array(jax.devices()), ("data",))
         n = len(jax.devices())
+        mesh = jax.make_mesh((n,), ("data",))  # Explicit axes since JAX 0.9, Auto before
         model = {"w": jnp.ones((n * 2, 3)), "b": jnp.zeros(3), "act": jnp.tanh}
         placed = filtx.filter_shard(model, {"w": P("data"), "b": P(), "act": None}, mesh=mesh)
-        assert placed["w"].sharding.spec == P("data") and placed["act"] is jnp.tanh
+        assert placed["w"].sharding.is_equivalent_to(NamedSharding(mesh, P("data")), 2)
+        assert placed["act"] is jnp.tanh
         ```
     """
     check_mesh(mesh, "filter_shard")

@@ -195,12 +195,11 @@ def filter_shard_map(
         ```python
         import jax
         import jax.numpy as jnp
-        import numpy as np
         import filtx
-        from jax.sharding import Mesh, PartitionSpec as P
+        from jax.sharding import PartitionSpec as P
 
-        mesh = Mesh(np.array(jax.devices()), ("data",))
         n = len(jax.devices())
+        mesh = jax.make_mesh((n,), ("data",))
 
         @filtx.filter_shard_map(mesh=mesh, in_specs={"batch": P("data")}, out_specs=(P(), None))
         def loss(model, batch):

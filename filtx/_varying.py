@@ -10,7 +10,11 @@ everywhere when its index varies. Anything else errs towards "varies".
 
 from __future__ import annotations
 
-__all__ = ["varying_outputs"]
+import jax
+
+from ._errors import unmapped_outputs_error
+
+__all__ = ["varying_outputs", "check_unmapped_outputs"]
 
 # Collectives whose result is the same on every device of the axis.
 _UNIFORMING = {"psum", "pmax", "pmin", "all_gather", "psum_invariant", "pbroadcast"}
@@ -96,3 +100,17 @@ def _cond(params, inputs: list[bool], n_out: int) -> list[bool]:
     for branch in params["branches"]:
         outs = [a or b for a, b in zip(outs, varying_outputs(branch, inputs[1:]))]
     return outs
+
+
+def check_unmapped_outputs(closed, mapped_inputs: list[bool], arrays_tree, flat_axes: list) -> None:
+    """Refuse `out_axes=None` on outputs that differ across devices."""
+    varying = varying_outputs(closed, mapped_inputs)
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(arrays_tree)[0]]
+    culprits = [f"out{p}" for p, axis, v in zip(paths, flat_axes, varying) if axis is None and v]
+    if culprits:
+        raise unmapped_outputs_error(
+            culprits,
+            "it may differ across devices (it depends on a mapped input without a "
+            "collective such as jax.lax.pmean over the axis)",
+            "Reduce it over the axis, or give it an int out axis.",
+        )

@@ -2,11 +2,12 @@
 
 Run as `python _sharded_worker.py PROCESS_ID PORT OUT.npz`, with 2 local CPU
 devices: the process joins a 2-process `jax.distributed` cluster on loopback
-(gloo collectives), so the mesh spans 4 devices. Each process passes its own
-rows of every global batch (`filtx.filter_shard(..., process_local=True)`),
-trains a data-parallel step (model replicated) and an FSDP step (parameters
-split along `data`) with `filtx.filter_jit` shardings, and writes the full
-parameters (gathered) and the losses to OUT.npz.
+(gloo collectives), so the mesh spans 4 devices. On a mesh of Auto axes and on
+one of Explicit axes (`MESH_KINDS`), each process passes its own rows of every
+global batch (`filtx.filter_shard(..., process_local=True)`), trains a
+data-parallel step (model replicated) and an FSDP step (parameters split along
+`data`) with `filtx.filter_jit` shardings, and writes the full parameters
+(gathered) and the losses to OUT.npz.
 
 Imported (not run), it provides the problem, so that the test can run the same
 training on 4 devices of one process as the reference.
@@ -17,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import AxisType, PartitionSpec as P
 
 import filtx
 
@@ -25,6 +26,7 @@ from _helpers import fsdp_spec
 from _processes import run_worker
 
 NUM_DEVICES = 4
+MESH_KINDS = {"auto": AxisType.Auto, "explicit": AxisType.Explicit}
 BATCH = 16  # global rows per step
 NUM_STEPS = 3
 IN_SIZE = 4
@@ -44,9 +46,14 @@ def make_batches():
 fsdp = fsdp_spec(NUM_DEVICES)
 
 
+def make_mesh(kind, devices=None):
+    return jax.make_mesh((NUM_DEVICES,), ("data",), axis_types=(MESH_KINDS[kind],), devices=devices)
+
+
 def make_step(mesh, spec):
     def step(model, opt_state, x, y):
-        loss, grads = eqx.filter_value_and_grad(lambda m: jnp.mean((jax.vmap(m)(x) - y) ** 2))(model)
+        whole = filtx.filter_shard(model, P())  # FSDP: parameters gathered for the computation
+        loss, grads = eqx.filter_value_and_grad(lambda m: jnp.mean((jax.vmap(m)(x) - y) ** 2))(whole)
         updates, opt_state = OPTIM.update(grads, opt_state, eqx.filter(model, eqx.is_inexact_array))
         return eqx.apply_updates(model, updates), opt_state, loss
 
@@ -85,20 +92,21 @@ def main(process_id: int, port: int, out_path: str) -> None:
         initialization_timeout=60, heartbeat_timeout_seconds=10,
     )
     assert jax.device_count() == NUM_DEVICES and jax.local_device_count() == 2
-    mesh = Mesh(np.array(jax.devices()), ("data",))
     per_process = BATCH // jax.process_count()
     rows = slice(process_id * per_process, (process_id + 1) * per_process)
     results = {}
-    for name, spec in (("dp", P()), ("fsdp", fsdp)):
-        model, losses = train(mesh, spec, rows, make_batches())
-        sharded = [len(leaf.addressable_shards) and leaf.addressable_shards[0].data.size < leaf.size
-                   for leaf in jax.tree.leaves(eqx.filter(model, eqx.is_array))]
-        results[f"{name}_losses"] = losses
-        results[f"{name}_sharded"] = np.array(sharded)
-        for i, leaf in enumerate(full_parameters(model)):
-            results[f"{name}_leaf{i}"] = leaf
+    for kind in MESH_KINDS:
+        mesh = make_mesh(kind)
+        for name, spec in (("dp", P()), ("fsdp", fsdp)):
+            model, losses = train(mesh, spec, rows, make_batches())
+            sharded = [len(leaf.addressable_shards) and leaf.addressable_shards[0].data.size < leaf.size
+                       for leaf in jax.tree.leaves(eqx.filter(model, eqx.is_array))]
+            results[f"{kind}_{name}_losses"] = losses
+            results[f"{kind}_{name}_sharded"] = np.array(sharded)
+            for i, leaf in enumerate(full_parameters(model)):
+                results[f"{kind}_{name}_leaf{i}"] = leaf
     np.savez(out_path, **results)
-    print(f"process {process_id}: losses {results['dp_losses'].tolist()}", flush=True)
+    print(f"process {process_id}: losses {results['explicit_dp_losses'].tolist()}", flush=True)
     jax.distributed.shutdown()
 
 

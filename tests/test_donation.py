@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 import filtx
 
@@ -197,7 +197,7 @@ def test_distinct_objects_over_one_buffer_on_one_device_are_donated_once():
 
 
 def test_distinct_objects_over_the_same_sharded_buffers_are_donated_once_without_a_crash():
-    mesh = Mesh(np.array(jax.devices()[:4]), ("d",))
+    mesh = jax.make_mesh((4,), ("d",), axis_types=(AxisType.Explicit,), devices=jax.devices()[:4])
     x = jax.device_put(jnp.arange(8.0), NamedSharding(mesh, PartitionSpec("d")))
     alias = jax.make_array_from_single_device_arrays(x.shape, x.sharding, list(x._arrays))
     g = filtx.filter_jit(lambda a, b: a + b, donate="arrays")
@@ -206,7 +206,7 @@ def test_distinct_objects_over_the_same_sharded_buffers_are_donated_once_without
 
 
 def test_a_sharded_alias_kept_at_one_position_is_kept():
-    mesh = Mesh(np.array(jax.devices()[:4]), ("d",))
+    mesh = jax.make_mesh((4,), ("d",), axis_types=(AxisType.Explicit,), devices=jax.devices()[:4])
     x = jax.device_put(jnp.arange(8.0), NamedSharding(mesh, PartitionSpec("d")))
     alias = jax.make_array_from_single_device_arrays(x.shape, x.sharding, list(x._arrays))
     g = filtx.filter_jit(lambda a, b: a * b, specs=(filtx.donate, filtx.traced))

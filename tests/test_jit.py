@@ -378,9 +378,9 @@ def test_steps_returning_non_array_leaves_keep_jax_fast_dispatch():
 def test_donated_sharded_array_used_again_is_refused_by_path():
     """XLA crashes the process on a deleted buffer spread over several devices:
     filtx must refuse it first."""
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
-    mesh = Mesh(np.array(jax.devices()[:2]), ("d",))
+    mesh = jax.make_mesh((2,), ("d",), axis_types=(AxisType.Explicit,), devices=jax.devices()[:2])
     x = jax.device_put(np.zeros((2, 3), np.float32), NamedSharding(mesh, PartitionSpec("d")))
     f = filtx.filter_jit(lambda t: {"w": t["w"] + 1}, donate="arrays")
     f({"w": x})
