@@ -14,6 +14,8 @@ import pytest
 from filtx.demo import cli, donation, measure
 
 
+pytestmark = pytest.mark.e2e  # the demo, run as a user runs it (subprocesses, minutes of training): a CI step of its own (`pytest -m e2e`)
+
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 DEMO_TIMEOUT_S = 120  # a quick run takes about 15 s on 2 cores
 

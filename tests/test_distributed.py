@@ -12,8 +12,11 @@ import pathlib
 import equinox as eqx
 import jax
 import numpy as np
+import pytest
 
 from _processes import Workers
+
+pytestmark = pytest.mark.e2e  # two processes on loopback: a CI step of its own (`pytest -m e2e`)
 
 WORKER = pathlib.Path(__file__).resolve().parent / "_distributed_worker.py"
 _spec = importlib.util.spec_from_file_location("filtx_tests_distributed_worker", WORKER)

@@ -10,9 +10,12 @@ import pathlib
 
 import jax
 import numpy as np
+import pytest
 from jax.sharding import PartitionSpec as P
 
 from _processes import Workers
+
+pytestmark = pytest.mark.e2e  # two processes on loopback: a CI step of its own (`pytest -m e2e`)
 
 WORKER = pathlib.Path(__file__).resolve().parent / "_sharded_worker.py"
 _spec = importlib.util.spec_from_file_location("filtx_tests_sharded_worker", WORKER)

@@ -12,6 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.e2e  # the example scripts, trained as a user runs them: a CI step of its own (`pytest -m e2e`)
+
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
 
 

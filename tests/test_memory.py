@@ -20,6 +20,8 @@ import pytest
 import filtx
 from filtx import _caches
 
+pytestmark = pytest.mark.e2e  # resident memory over many calls: a CI step of its own (`pytest -m e2e`)
+
 N_DEV = 8
 PAGE = os.sysconf("SC_PAGE_SIZE")
 MB = 1 << 20

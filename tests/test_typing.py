@@ -9,6 +9,8 @@ import pytest
 
 mypy_api = pytest.importorskip("mypy.api")  # in the test extra: this never skips there
 
+pytestmark = pytest.mark.e2e  # mypy over a user script: a CI step of its own (`pytest -m e2e`)
+
 USER_SCRIPT = '''
 import jax
 import jax.numpy as jnp

@@ -1,5 +1,7 @@
-"""`filtx.filter_pmap` against `jax.pmap` and `eqx.filter_pmap`, on 8 virtual CPU
-devices.
+"""`filtx.filter_pmap` against `jax.pmap`, `eqx.filter_pmap` and the plain route
+JAX's migration guide gives for pmap (`jax.jit(jax.shard_map(...))` over a
+one-axis mesh of the devices, on the partitioned parameters), on 8 virtual CPU
+devices. filtx's `filter_pmap` is itself built on `jax.jit` + `jax.shard_map`.
 
 Every figure is a ratio of two timings measured in the same run (see
 `_support/ratios.py` and README.md). The model is `leafy_mlp(100)` (100 array
@@ -7,11 +9,14 @@ leaves, 2 activation-function leaves), replicated on a leading device axis of 8
 and already laid out across the devices.
 
 - `pmap/warm-call/blocking/100`: a warm step with a trivial computation (one
-  leaf + 1), blocking on its output: filtx, eqx, and `jax.pmap` on the
-  pre-partitioned parameters (the baseline). Targets: filtx <= 1.2x jax.pmap
-  and <= 0.25x eqx.
+  leaf + 1), blocking on its output: filtx, eqx, `jax.jit(jax.shard_map)` and
+  `jax.pmap` on the pre-partitioned parameters (the baseline). Targets: filtx
+  <= 1.2x jax.pmap and <= 0.25x eqx.
 - `pmap/first-call/100`: the first call of a fresh function (trace + compile +
-  run), filtx against eqx (the baseline). Target: filtx <= eqx.
+  run), against `jax.jit(jax.shard_map)` on the partitioned parameters (the
+  baseline); filtx with `out_axes` given as ints and with a callable `out_axes`
+  (resolved on the one trace), eqx and `jax.pmap` too. Targets: filtx <= 1.1x
+  the baseline, callable `out_axes` included, and <= eqx.
 
 Under `--benchmark-disable` each body runs once (a smoke test).
 """
@@ -22,6 +27,7 @@ import equinox as eqx
 import jax
 import numpy as np
 import pytest
+from jax.sharding import Mesh, PartitionSpec as P
 
 from _support import devices, models, ratios
 
@@ -33,10 +39,11 @@ SIZE = 100
 DEVICES = devices.COUNT
 WARM_GROUP = f"{SUITE}/warm-call/blocking/{SIZE}"
 WARM_BASELINE = "jax.pmap-params"
-WARM_VARIANTS = ("jax.pmap-params", "filtx", "eqx")
+WARM_VARIANTS = ("jax.pmap-params", "jax.jit-shard_map-params", "filtx", "eqx")
 FIRST_GROUP = f"{SUITE}/first-call/{SIZE}"
-FIRST_BASELINE = "eqx"
-FIRST_VARIANTS = ("eqx", "filtx")
+FIRST_BASELINE = "jax.jit-shard_map-params"
+FIRST_VARIANTS = ("jax.jit-shard_map-params", "jax.pmap-params", "eqx", "filtx", "filtx-callable-out_axes")
+AXIS = "devices"
 FIRST_ROUNDS = 7
 
 pytestmark = pytest.mark.skipif(
@@ -60,6 +67,18 @@ def replicated():
     return eqx.combine(params, static), params, static
 
 
+def jit_shard_map(fn, static):
+    """`jax.jit(jax.shard_map(...))` of `fn` on the parameters, over a one-axis mesh
+    of the devices, the device axis taken off and put back (what `jax.pmap` is now)."""
+    mesh = Mesh(np.array(jax.devices()[:DEVICES]), (AXIS,))
+
+    def per_device(p):
+        p = jax.tree_util.tree_map(lambda x: x[0], p)
+        return fn(eqx.combine(p, static))[None]
+
+    return jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=P(AXIS), out_specs=P(AXIS), check_vma=False))
+
+
 @ft.cache
 def warm_fn(variant: str):
     model, params, static = replicated()
@@ -69,6 +88,8 @@ def warm_fn(variant: str):
         return eqx.filter_pmap(one_leaf), model
     if variant == "jax.pmap-params":
         return jax.pmap(lambda p: one_leaf(eqx.combine(p, static))), params
+    if variant == "jax.jit-shard_map-params":
+        return jit_shard_map(one_leaf, static), params
     raise ValueError(variant)
 
 
@@ -96,15 +117,19 @@ def test_warm_call(benchmark, variant):
 
 def first_call(variant: str):
     """A fresh function, called once (trace + compile + run), blocking."""
-    model = replicated()[0]
+    model, params, static = replicated()
     fun = lambda m: one_leaf(m)  # noqa: E731  (a new function object each time)
     if variant == "filtx":
-        fn = filtx.filter_pmap(fun)
-    elif variant == "eqx":
-        fn = eqx.filter_pmap(fun)
-    else:
-        raise ValueError(variant)
-    return jax.block_until_ready(fn(model))
+        return jax.block_until_ready(filtx.filter_pmap(fun)(model))
+    if variant == "filtx-callable-out_axes":
+        return jax.block_until_ready(filtx.filter_pmap(fun, out_axes=lambda leaf: 0)(model))
+    if variant == "eqx":
+        return jax.block_until_ready(eqx.filter_pmap(fun)(model))
+    if variant == "jax.pmap-params":
+        return jax.block_until_ready(jax.pmap(lambda p: fun(eqx.combine(p, static)))(params))
+    if variant == "jax.jit-shard_map-params":
+        return jax.block_until_ready(jit_shard_map(fun, static)(params))
+    raise ValueError(variant)
 
 
 @pytest.mark.parametrize("variant", FIRST_VARIANTS)
@@ -127,6 +152,8 @@ def test_first_call(benchmark, variant):
 TARGETS = [
     (WARM_GROUP, "filtx", WARM_BASELINE, 1.2),
     (WARM_GROUP, "filtx", "eqx", 0.25),
+    (FIRST_GROUP, "filtx", FIRST_BASELINE, 1.1),
+    (FIRST_GROUP, "filtx-callable-out_axes", FIRST_BASELINE, 1.1),
     (FIRST_GROUP, "filtx", "eqx", 1.0),
 ]
 

@@ -1,5 +1,7 @@
 """Sharded training on 8 virtual CPU devices: `filter_jit` with shardings,
-`filter_shard_map`, and what FSDP saves per device.
+`filter_shard_map`, and what FSDP saves per device, on a mesh of Explicit
+axes (what `jax.make_mesh` gives since JAX 0.9; the axis type is given, so the
+suite measures the same on every JAX).
 
 Every figure is a ratio of two timings measured in the same run (see
 `_support/ratios.py` and README.md):
@@ -10,18 +12,21 @@ Every figure is a ratio of two timings measured in the same run (see
   steps (at most 4 in flight: see the sharding guide). Variants:
   `filtx.filter_jit(in_shardings=..., out_shardings=...)` on the whole model;
   `jax.jit` with `NamedSharding`s on the pre-partitioned parameters (the
-  baseline); `eqx.filter_jit(donate="all")` with `eqx.filter_shard` placing the
-  batch and constraining the model inside the step; `nnx.jit(in_shardings=...,
-  donate_argnums=...)` (graph mode) on the same MLP written as an `nnx.Module`
-  with an `nnx.Optimizer`, updated in place.
+  baseline); `nnx.jit(in_shardings=..., donate_argnums=...)` (graph mode) on
+  the same MLP written as an `nnx.Module` with an `nnx.Optimizer`, updated in
+  place; and `eqx.filter_jit(donate="all")` with `eqx.filter_shard` placing
+  the batch and constraining the model inside the step, which runs on a mesh
+  of Auto axes over the same devices (`eqx.filter_shard` is a sharding
+  constraint, which JAX refuses on Explicit axes).
 - The first call of that step (trace + compile + one step), each variant a new
   function, against `jax.jit`'s.
 - A `filter_shard_map` step (per-shard gradients `pmean`ed over `data`) inside
   `filter_jit`, against `jax.jit(jax.shard_map(...))` on the partitioned params.
 - FSDP against replication: the same step with every large parameter split
-  along `data` by one callable spec; its time per step against the replicated
-  one, and the bytes of parameters and optimiser state each device holds
-  (recorded as group parameters).
+  along `data` by one callable spec (gathered inside the step for the
+  computation, as Explicit axes require); its time per step against the
+  replicated one, and the bytes of parameters and optimiser state each device
+  holds (recorded as group parameters).
 
 Targets (with `FILTX_BENCH_ASSERT=1`): the warm step within 1.1x of `jax.jit`
 and below `eqx` and `nnx.jit`; the first call at most `jax.jit`'s; the shard_map step within
@@ -36,7 +41,7 @@ import numpy as np
 import jax.numpy as jnp
 import pytest
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from _support import models, ratios
 
@@ -56,8 +61,8 @@ FSDP_GROUP = f"{SUITE}/fsdp-vs-replicated/{STEPS}-steps"
 BASELINE = "jax.jit"
 
 
-def mesh() -> Mesh:
-    return Mesh(np.array(jax.devices()), ("data",))
+def mesh(axis_type=AxisType.Explicit) -> Mesh:
+    return jax.make_mesh((len(jax.devices()),), ("data",), axis_types=(axis_type,))
 
 
 def make_model(smoke: bool):
@@ -127,12 +132,21 @@ def dp_variant(variant: str, smoke: bool, spec=P()):
     if variant == "filtx":
         model = filtx.filter_shard(model, spec, mesh=m)
         opt_state = filtx.filter_shard(opt_state, spec, mesh=m)
+        if spec != P():  # FSDP: the parameters gathered for the computation
+            split_step = train_step
+
+            def train_step(model, opt_state, x, y):
+                loss_model = filtx.filter_shard(model, P())
+                new, opt_state, loss = split_step(loss_model, opt_state, x, y)
+                return new, opt_state, loss
+
         step = filtx.filter_jit(
             train_step, donate="arrays", mesh=m,
             in_shardings={"x": P("data"), "y": P("data")}, out_shardings=(spec, spec, P()),
         )
         return step, (model, opt_state)
     if variant == "eqx":
+        m = mesh(AxisType.Auto)  # eqx.filter_shard constrains: JAX refuses that on Explicit axes
         replicated, batch = NamedSharding(m, P()), NamedSharding(m, P("data"))
 
         @eqx.filter_jit(donate="all")
@@ -233,7 +247,12 @@ def shard_map_variant(variant: str, smoke: bool):
         return eqx.filter(new, eqx.is_array), loss
 
     mapped = jax.shard_map(params_shard, mesh=m, in_specs=(P(), P("data"), P("data")), out_specs=(P(), P()))
-    step = jax.jit(mapped, donate_argnums=0)
+    rep, batch = NamedSharding(m, P()), NamedSharding(m, P("data"))
+
+    def resharded(params, x, y):  # on Explicit axes the batch's type must say its split (JAX >= 0.9.1)
+        return mapped(params, jax.sharding.reshard(x, batch), jax.sharding.reshard(y, batch))
+
+    step = jax.jit(resharded, donate_argnums=0, in_shardings=(rep, batch, batch))
     return step, (jax.device_put(params, NamedSharding(m, P())),)
 
 
