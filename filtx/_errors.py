@@ -230,6 +230,37 @@ def check_returned_statics(out: Any, leaves: list, is_array_mask: list, inputs: 
             )
 
 
+def refs_in_pmap_error(path: str) -> ValueError:
+    return ValueError(
+        f"{path} is a jax.Ref, and filter_pmap takes none: its step is traced per device to a "
+        f"jaxpr of arrays, and a Ref cannot be split over devices by in_axes. Update Refs in "
+        f"filter_jit (with shardings) or filter_shard_map, or pass the Ref's value (`ref[...]`)."
+    )
+
+
+def returned_ref_error(out: Any, index: int) -> ValueError:
+    return ValueError(
+        f"{output_path(out, index)}: the function returned a jax.Ref, and a compiled function "
+        f"cannot return one (JAX refuses it: the Ref would outlive the computation that "
+        f"updates it). Return its value (`ref[...]`), or update a Ref passed in as an argument."
+    )
+
+
+def aliased_ref_error(refs: list[tuple[str, Any]]) -> ValueError | None:
+    """The error for one `jax.Ref` passed at two positions (JAX refuses it), or None;
+    `refs` is `(path, Ref)` per Ref among a call's dynamic leaves."""
+    seen: dict = {}
+    for path, x in refs:
+        first = seen.setdefault(id(x), path)
+        if first != path:
+            return ValueError(
+                f"{first} and {path} are the same jax.Ref, and a compiled call takes a Ref once "
+                f"(JAX refuses a Ref passed twice: its updates could not be ordered). Pass it "
+                f"once, or pass share=True: it is then passed once and stands at both places inside."
+            )
+    return None
+
+
 def int_out_axis_on_non_array_error(out: Any, index: int, axis: int) -> ValueError:
     leaf = jax.tree_util.tree_leaves(out)[index]
     return ValueError(

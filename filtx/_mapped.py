@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._errors import donation_in_mapped_error
-from ._roles import donate, is_array
+from ._roles import donate, is_array, is_ref
 
 __all__: list[str] = []
 
@@ -24,10 +24,10 @@ def check_no_donate_spec(specs: Any) -> None:
 
 
 def traced_numbers_as_arrays(dynamic: list) -> list:
-    """Traced Python numbers enter as weakly typed scalars."""
+    """Traced Python numbers enter as weakly typed scalars (Refs as they are)."""
     if all(map(is_array, dynamic)):
         return dynamic
-    return [x if is_array(x) else jnp.asarray(x) for x in dynamic]
+    return [x if is_array(x) or is_ref(x) else jnp.asarray(x) for x in dynamic]
 
 
 def stand_in(axis_size: int) -> np.ndarray:

@@ -21,10 +21,16 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from ._errors import check_no_generator, check_returned_statics, is_generator, int_out_axis_on_non_array_error
+from ._errors import (
+    check_no_generator,
+    check_returned_statics,
+    int_out_axis_on_non_array_error,
+    is_generator,
+    returned_ref_error,
+)
 from ._gather import first_positions, getter, merge_getter
 from ._reuse import item_at, reusable_slots
-from ._roles import NUMBER_TYPES, is_array
+from ._roles import NUMBER_TYPES, is_array, is_ref
 from ._share import pattern_of
 
 __all__ = ["Carrier", "pack_outputs", "unpack"]
@@ -109,7 +115,9 @@ def pack_outputs(
     axes = axes_of(out) if axes_of is not None else None
     if axes is not None:
         leaves = [_broadcastable(x, a, out, i) for i, (x, a) in enumerate(zip(leaves, axes))]
-    mask = [is_array(x) for x in leaves]
+    mask = [is_array(x) or is_ref(x) for x in leaves]
+    if axes is None and any(map(is_ref, leaves)):
+        raise returned_ref_error(out, [i for i, x in enumerate(leaves) if is_ref(x)][0])
     check_returned_statics(out, leaves, mask, inputs)
     positions = [i for i, m in enumerate(mask) if m]
     pattern = None
@@ -135,7 +143,7 @@ def pack_outputs(
 def _broadcastable(x: Any, axis: Any, out: Any, index: int) -> Any:
     """A Python number given an int out axis becomes an array JAX broadcasts along
     the mapped axis, as in Equinox; another non-array given one is an error."""
-    if axis is None or is_array(x):
+    if axis is None or is_array(x) or is_ref(x):
         return x
     if isinstance(x, NUMBER_TYPES):
         return jnp.asarray(x)

@@ -26,6 +26,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from ._boundary import top_level
+from ._roles import is_ref
 from ._sharding import axis_kinds, entries, place
 
 __all__: list[str] = []
@@ -58,7 +59,10 @@ class PerShard:
         def outer(*xs):
             fun, in_specs, out_specs = inner(*xs)
             if typed:  # on Explicit axes, an input's type must say its in spec (JAX >= 0.9.1 checks)
-                xs = [place(x, NamedSharding(mesh, spec), constrain=False) for x, spec in zip(xs, in_specs)]
+                xs = [
+                    x if is_ref(x) else place(x, NamedSharding(mesh, spec), constrain=False)
+                    for x, spec in zip(xs, in_specs)
+                ]
             mapped = jax.shard_map(
                 fun, mesh=mesh, in_specs=in_specs, out_specs=out_specs, axis_names=axis_names, check_vma=check_vma
             )
@@ -90,7 +94,7 @@ class PerShard:
             return []
         return [
             i for i, (x, s) in enumerate(zip(xs, self.shardings))
-            if s is not None and getattr(x, "_committed", False) and not _same_sharding(x, s)
+            if s is not None and not is_ref(x) and getattr(x, "_committed", False) and not _same_sharding(x, s)
         ]
 
 

@@ -23,7 +23,9 @@ from jax.sharding import Mesh, PartitionSpec
 
 from ._boundary import Boundary, Entry, Split, flat_function, top_level, unique_paths
 from ._caches import BoundedCache
-from ._errors import no_mapped_input_error, owned_option_error, unknown_option_error
+from ._errors import (
+    dynamic_paths, no_mapped_input_error, owned_option_error, refs_in_pmap_error, unknown_option_error,
+)
 from ._hosts import Hosts, mapped_size_error, mesh_devices
 from ._lowering import Lowered, lowering
 from ._out_specs import OutAxes, config_key
@@ -32,7 +34,7 @@ from ._per_shard import PerShard, manual_view
 from ._placement import AXES
 from ._prefix import broadcast_prefix
 from ._resolve import LeafResolver
-from ._roles import if_array, parse_mode
+from ._roles import if_array, is_ref, parse_mode
 from ._share import unique_donation
 from ._typing import Pmapped
 from ._varying import check_unmapped_outputs
@@ -90,6 +92,9 @@ class _PmapWrapper(Wrapper):
 
     def _build(self, split: Split) -> Entry:
         plan, pattern = split.plan, split.pattern
+        if any(map(is_ref, split.dynamic)):
+            path = next(p for p, x in zip(dynamic_paths(split.root, plan), split.dynamic) if is_ref(x))
+            raise refs_in_pmap_error(path)
         donated = plan.donate_mask if pattern is None else unique_donation(pattern, plan.donate_mask)
         out_axes, share = self._out_axes, self._share
 

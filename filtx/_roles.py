@@ -69,6 +69,22 @@ ARRAY_TYPES = (jax.Array, np.ndarray, np.generic)
 # Tracers pass isinstance(x, jax.Array) but are no subclass of it.
 _ARRAY_CLASSES = ARRAY_TYPES + (jax.core.Tracer,)
 NUMBER_TYPES = (bool, int, float, complex)
+# Mutable arrays (`jax.new_ref`): traced as `jax.jit` traces them, never static or donated.
+REF_TYPES: tuple = (jax.Ref,) if hasattr(jax, "Ref") else ()
+
+
+try:
+    from jax._src.state.types import AbstractRef as _AbstractRef
+except ImportError:  # pragma: no cover - a JAX without mutable arrays
+    _AbstractRef = ()
+
+
+def is_ref(x: Any) -> bool:
+    """Whether `x` is a `jax.Ref` (a mutable array made by `jax.new_ref`), or a
+    tracer of one (JAX 0.7 makes those pass for arrays instead)."""
+    return isinstance(x, REF_TYPES) or (
+        isinstance(x, jax.core.Tracer) and isinstance(getattr(x, "aval", None), _AbstractRef)
+    )
 
 
 def is_array(x: Any) -> bool:
@@ -231,6 +247,8 @@ def leaf_role(spec: Any, leaf: Any, exact: bool, dynamic: Role, arrays_may_be_st
     Raises `SpecError` (no path yet; the caller adds it) for a role that does
     not fit the leaf.
     """
+    if REF_TYPES and isinstance(leaf, REF_TYPES):
+        return _ref_role(spec, exact, arrays_may_be_static)
     array = is_array(leaf)
     if spec is True:
         return dynamic if array else static
@@ -268,6 +286,29 @@ def leaf_role(spec: Any, leaf: Any, exact: bool, dynamic: Role, arrays_may_be_st
         f"or a callable returning one of those; got {spec!r} of type "
         f"{type(spec).__name__}."
     )
+
+
+def _ref_role(spec: Any, exact: bool, may_be_static: bool) -> Role:
+    """A `jax.Ref` is traced, as `jax.jit` traces it: whatever a default mode or a
+    predicate says (`eqx.is_inexact_array` answers False for it), it is never held
+    static (that would key the cache on the object and keep it alive) nor donated
+    (its buffer is updated in place). Only a role placed on it that cannot hold
+    is an error."""
+    if exact and spec is donate:
+        raise SpecError(
+            "filtx.donate was placed on a jax.Ref; a Ref's buffer is updated in place and is "
+            "never donated. Use filtx.traced (what Refs get anyway)."
+        )
+    if exact and spec is static:
+        if may_be_static:  # filter_vmap: closed over, not hashed
+            return static
+        raise SpecError(
+            "filtx.static was placed on a jax.Ref; a Ref is traced (one trace for every Ref of one "
+            "shape and dtype), never static. Use filtx.traced, or close over it in the function."
+        )
+    if not (spec is True or spec is False or isinstance(spec, Role)):
+        leaf_role(spec, None, exact, traced, may_be_static)  # raises for what is no spec value
+    return traced
 
 
 def is_role_value(x: Any) -> bool:

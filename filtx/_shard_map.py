@@ -23,7 +23,8 @@ from ._out_specs import OutAxes, config_key, resolve_by_evaluation
 from ._outputs import pack_outputs, unpack
 from ._per_shard import PerShard, per_shard_shape
 from ._resolve import LeafResolver
-from ._roles import MODES, static
+from ._gather import first_positions
+from ._roles import MODES, is_ref, static
 from ._sharding import OUT_SPECS, SPECS, ambient_concrete_mesh, ambient_mesh, check_mesh, inferred_spec, misplaced_error
 from ._typing import Mapped
 from ._wrapper import Wrapper, dispatch, freeze
@@ -46,7 +47,7 @@ def _out_spec(value: Any) -> PartitionSpec:
 
 
 class _ShardMapEntry(Entry):
-    __slots__ = ("make_flat", "flat", "specs", "resolved", "runs")
+    __slots__ = ("make_flat", "flat", "specs", "placed", "resolved", "runs")
 
 
 class _ShardMapWrapper(Wrapper):
@@ -88,6 +89,8 @@ class _ShardMapWrapper(Wrapper):
         out_specs, share = self._out_specs, self._share
         entry = _ShardMapEntry(None, split.plan, split.pattern)
         entry.specs = tuple(_spec(v) for v in split.plan.unique_placements(split.pattern))
+        unique = split.dynamic if split.pattern is None else [split.dynamic[i] for i in first_positions(split.pattern)]
+        entry.placed = tuple(None if is_ref(x) else s for x, s in zip(unique, entry.specs))  # a Ref is taken where it is
         entry.resolved = BoundedCache()
         entry.runs = {}
         split = split._replace(dynamic=None, root=None)  # keep no argument alive
@@ -121,7 +124,7 @@ class _ShardMapWrapper(Wrapper):
                 tree, flat = entry.resolved.get_or_build(key, lambda: self._evaluate_out_specs(entry, xs, specs, mesh))
             return flat, specs, (tree, _REPLICATED)
 
-        run = entry.runs[mesh] = PerShard(inner, mesh, entry.specs, self._axis_names, self._check_vma)
+        run = entry.runs[mesh] = PerShard(inner, mesh, entry.placed, self._axis_names, self._check_vma)
         return run
 
     def _evaluate_out_specs(self, entry, xs: tuple, specs: tuple, mesh) -> Any:

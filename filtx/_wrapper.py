@@ -16,8 +16,9 @@ import jax
 
 from ._boundary import Entry, Split, unique_paths
 from ._caches import code_owner, is_table_attribute, shared_by_code
-from ._errors import owned_option_error, rename_dynamic, unknown_option_error, deleted_array_error
+from ._errors import aliased_ref_error, deleted_array_error, owned_option_error, rename_dynamic, unknown_option_error
 from ._donation import hidden_depth, show_jax_warning
+from ._roles import is_ref
 from ._share import any_deleted, refused_aliasing
 from ._sharding import misplaced_error
 from ._signature import signature_key
@@ -226,6 +227,10 @@ def dispatch(call: Callable, dynamic: list, split: Split, entry: Entry, recheck:
             if error is not None:
                 raise error from e
         paths = unique_paths(split.root, split.plan, split.pattern)
+        if "only one reference to a mutable array" in str(e):
+            error = aliased_ref_error([(p, x) for p, x in zip(paths, dynamic) if is_ref(x)])
+            if error is not None:
+                raise error from None
         if entry.placements is not None:
             error = misplaced_error(paths, dynamic, entry.placements, None, "in_shardings")
             if error is not None:

@@ -1,0 +1,219 @@
+"""`jax.Ref` arguments (mutable arrays, `jax.new_ref`) are traced as `jax.jit`
+traces them: one trace for any number of Refs of one abstract value, never
+donated or held static, never kept alive by a compiled entry, updated in place
+without being taken for a changed argument; and refused by path where a
+transformation cannot take them."""
+
+import dataclasses
+import gc
+import weakref
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+import filtx
+
+from _helpers import counting
+
+N = len(jax.devices())
+
+
+def add_into(state, x):
+    state["w"][...] += x
+    return x * 2
+
+
+def test_any_number_of_refs_of_one_shape_and_dtype_is_one_trace():
+    step = counting(add_into)
+    f = filtx.filter_jit(step)
+    for i in range(4):
+        state = {"w": jax.new_ref(jnp.full(3, float(i)))}
+        out = f(state, jnp.ones(3))
+        np.testing.assert_array_equal(state["w"][...], i + 1.0)
+    np.testing.assert_array_equal(out, 2.0)
+    assert step.traces == 1
+    f({"w": jax.new_ref(jnp.zeros(4))}, jnp.ones(4))  # another shape: a trace of its own
+    assert step.traces == 2
+
+
+def test_a_compiled_entry_keeps_no_ref_alive():
+    f = filtx.filter_jit(add_into)
+    ref = jax.new_ref(jnp.zeros(3))
+    f({"w": ref}, jnp.ones(3))
+    dead = weakref.ref(ref)
+    del ref
+    gc.collect()
+    assert dead() is None
+
+
+@pytest.mark.parametrize("mode", ["arrays", "warn", "strict", "all-except-first"])
+def test_a_ref_is_never_donated(mode):
+    f = filtx.filter_jit(lambda x, state: add_into(state, x), donate=mode)
+    ref, x = jax.new_ref(jnp.zeros(3)), jnp.ones(3)
+    out = f(x, {"w": ref})
+    f(out, {"w": ref})  # the Ref is used again: it was not donated
+    np.testing.assert_array_equal(ref[...], 3.0)
+    assert out.is_deleted() == (mode != "all-except-first")
+
+
+def test_roles_for_a_ref_by_spec():
+    ref = jax.new_ref(jnp.zeros(3))
+    with pytest.raises(ValueError, match=r"args\[0\] \(Ref\): filtx.static was placed on a jax.Ref"):
+        filtx.filter_jit(lambda r: r[...], specs=(filtx.static,))(ref)
+    with pytest.raises(ValueError, match=r"args\[0\] \(Ref\): filtx.donate was placed on a jax.Ref"):
+        filtx.filter_jit(lambda r: r[...], specs=(filtx.donate,))(ref)
+    # A predicate that answers False for it (it is no jax.Array), False itself, or a
+    # role on a subtree holding it: traced all the same.
+    for specs in (eqx.is_inexact_array, False, (filtx.static,), (filtx.donate,)):
+        f = filtx.filter_jit(lambda t: add_into({"w": t["r"]}, 1.0), specs=specs)
+        f({"r": ref})
+    np.testing.assert_array_equal(ref[...], 4.0)
+    report = filtx.donation_report(filtx.filter_jit(add_into, donate="arrays"), {"w": ref}, jnp.ones(3))
+    assert [(r.path, r.role) for r in report.rows] == [("args[0]['w']", "traced"), ("args[1]", "donated")]
+
+
+def test_one_ref_at_two_positions_names_both_paths_or_is_passed_once_when_shared():
+    ref = jax.new_ref(jnp.ones(3))
+
+    def both(a, b):
+        a[...] += 1
+        return b[...]
+
+    with pytest.raises(ValueError, match=r"args\[0\] and args\[1\] are the same jax.Ref.*share=True"):
+        filtx.filter_jit(both)(ref, ref)
+    np.testing.assert_array_equal(filtx.filter_jit(both, share=True)(ref, ref), 2.0)
+
+
+def test_returning_a_ref_names_the_output():
+    ref = jax.new_ref(jnp.ones(3))
+    with pytest.raises(ValueError, match=r"out\['r'\]: the function returned a jax.Ref"):
+        filtx.filter_jit(lambda r: {"r": r})(ref)
+
+
+def test_filter_pmap_refuses_a_ref_by_path():
+    with pytest.raises(ValueError, match=r"args\[1\]\['w'\] is a jax.Ref, and filter_pmap takes none"):
+        filtx.filter_pmap(lambda x, s: x + s["w"][...])(jnp.ones((N, 3)), {"w": jax.new_ref(jnp.zeros(3))})
+
+
+def same_as_jax(ours, theirs):
+    """`ours()` must do what `theirs()` does with JAX's own transform: the same
+    result, or an error where JAX raises one."""
+    try:
+        want = theirs()
+    except Exception:
+        with pytest.raises(Exception):
+            ours()
+        return
+    np.testing.assert_array_equal(np.asarray(ours()), np.asarray(want))
+
+
+def test_filter_vmap_takes_refs_where_jax_vmap_does():
+    def read(r, x):
+        return r[...] + x
+
+    same_as_jax(
+        lambda: filtx.filter_vmap(read)(jax.new_ref(jnp.ones(3)), jnp.ones((2, 3))),
+        lambda: jax.vmap(read, in_axes=(None, 0))(jax.new_ref(jnp.ones(3)), jnp.ones((2, 3))),
+    )
+
+
+def test_filter_shard_map_takes_refs_where_jax_shard_map_does():
+    mesh = jax.make_mesh((N,), ("d",), axis_types=(AxisType.Explicit,))
+
+    def bump(r, x):
+        r[...] += x
+        return x
+
+    def fresh():
+        return jax.new_ref(jax.device_put(jnp.zeros(3), NamedSharding(mesh, P())))
+
+    ours, theirs = fresh(), fresh()
+    same_as_jax(
+        lambda: (filtx.filter_shard_map(bump, mesh=mesh, in_specs=(P(), P()), out_specs=P())(ours, jnp.ones(3)), ours[...])[1],
+        lambda: (jax.jit(jax.shard_map(bump, mesh=mesh, in_specs=(P(), P()), out_specs=P()))(theirs, jnp.ones(3)), theirs[...])[1],
+    )
+
+
+# ---------------------------------------------------------------------------
+# A training loop kept in Refs, as JAX's training cookbook keeps it: the
+# parameters and Adam's moments are Refs on an Explicit mesh, updated in place
+# by the step; filter_jit in place of jax.jit computes the same losses.
+
+
+@jax.tree_util.register_static
+@dataclasses.dataclass(frozen=True)
+class Config:
+    width: int = 4 * N
+    learning_rate: float = 1e-2
+    beta_1: float = 0.9
+    beta_2: float = 0.999
+    eps: float = 1e-8
+
+
+def init_state(config: Config):
+    k1, k2 = jax.random.split(jax.random.key(0))
+    params = {
+        "w_in": jax.random.normal(k1, (2, config.width)) / 2,
+        "w_out": jax.random.normal(k2, (config.width, 1)) / config.width,
+    }
+    moments = jax.tree.map(lambda p: {"mu": jnp.zeros_like(p), "nu": jnp.zeros_like(p), "count": jnp.array(0)}, params)
+    return {"params": params, "opt": moments}
+
+
+def adam_update(config: Config, param, grad, state):
+    state["count"][...] += 1
+    state["mu"][...] = config.beta_1 * state["mu"][...] + (1 - config.beta_1) * grad
+    state["nu"][...] = config.beta_2 * state["nu"][...] + (1 - config.beta_2) * grad**2
+    mu_hat = state["mu"][...] / (1 - config.beta_1 ** state["count"][...])
+    nu_hat = state["nu"][...] / (1 - config.beta_2 ** state["count"][...])
+    param[...] -= config.learning_rate * mu_hat / (jnp.sqrt(nu_hat) + config.eps)
+
+
+def make_train_step(jit, traces):
+    def train_step(config: Config, state, batch):
+        traces.append(None)
+
+        def loss_fn(params):
+            hidden = jnp.tanh(batch["x"] @ params["w_in"])
+            return jnp.mean((hidden @ params["w_out"] - batch["y"]) ** 2)
+
+        params = jax.tree.map(lambda r: r[...], state["params"])
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        is_moments = lambda t: isinstance(t, dict) and "mu" in t  # noqa: E731
+        jax.tree.map(lambda p, g, s: adam_update(config, p, g, s), state["params"], grads, state["opt"], is_leaf=is_moments)
+        return {"loss": loss}
+
+    return jit(train_step)
+
+
+def train(jit, steps=4):
+    mesh = jax.make_mesh((N,), ("data",), axis_types=(AxisType.Explicit,))
+    config = Config()
+    traces = []
+    step = make_train_step(jit, traces)
+    rng = np.random.default_rng(0)
+    with jax.set_mesh(mesh):
+        losses, trace_counts = [], []
+        for _ in range(2):  # two fresh training states: still one trace
+            state = jax.tree.map(jax.new_ref, jax.jit(init_state)(config))
+            for _ in range(steps):
+                x = rng.standard_normal((4 * N, 2)).astype(np.float32)
+                batch = {"x": jax.device_put(x, P("data")), "y": jax.device_put(np.sin(x[:, :1]), P("data"))}
+                losses.append(float(step(config, state, batch)["loss"]))
+            trace_counts.append(len(traces))
+        final = jax.tree.map(lambda r: np.asarray(r[...]), state)
+    return np.array(losses), trace_counts, final
+
+
+def test_a_cookbook_style_training_loop_in_refs_matches_jax_jit_with_one_trace():
+    ours, our_traces, our_final = train(filtx.filter_jit)
+    theirs, their_traces, their_final = train(jax.jit)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-6)
+    assert ours[3] < ours[0]  # it trained
+    assert our_traces == their_traces == [1, 1]
+    for a, b in zip(jax.tree.leaves(our_final), jax.tree.leaves(their_final)):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
