@@ -59,12 +59,13 @@ class Entry:
     """What a transform dispatches to for one (static leaves, sharing pattern)."""
 
     __slots__ = (
-        "call", "plan", "take", "lower", "refuse_deleted", "compiled", "_quiet_calls", "placements", "__weakref__",
+        "call", "plan", "take", "lower", "trace", "refuse_deleted", "compiled", "_quiet_calls", "placements",
+        "__weakref__",
     )
 
     def __init__(
         self, call: Callable, plan: Plan, pattern: tuple | None, lower: Callable | None = None,
-        refuse_deleted: bool = False, donates: bool = False,
+        refuse_deleted: bool = False, donates: bool = False, trace: Callable | None = None,
     ):
         self.call = call if not donates else self._quietly  # call(*unique_dynamic)
         self.compiled = call
@@ -72,6 +73,7 @@ class Entry:
         self.plan = plan
         self.take = None if pattern is None else getter(first_positions(pattern))
         self.lower = lower  # lower(*unique_dynamic), for ahead-of-time compilation
+        self.trace = trace  # trace(*unique_dynamic), likewise
         self.refuse_deleted = refuse_deleted  # check for deleted arrays before each call
         self.placements = None  # the sharding each unique value is placed at (for the error path), or None
 

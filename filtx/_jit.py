@@ -12,7 +12,7 @@ from ._boundary import Boundary, Entry, Split, flat_function, top_level, unique_
 from ._reuse import enabled as reuse_enabled
 from ._gather import first_positions
 from ._out_specs import OutAxes
-from ._lowering import Lowered, lowering
+from ._lowering import AheadOfTime, lowering
 from ._outputs import pack_outputs, unpack
 from ._resolve import LeafResolver
 from ._roles import is_array, parse_mode
@@ -32,7 +32,7 @@ _OWN = ["fun", "donate", "specs", "share", "in_shardings", "out_shardings", "mes
 _OWNED_BY_FILTX = ("static_argnums", "static_argnames", "donate_argnums", "donate_argnames")
 
 
-class _JitWrapper(Wrapper):
+class _JitWrapper(AheadOfTime, Wrapper):
     transform = "filter_jit"
 
     def __init__(
@@ -83,7 +83,7 @@ class _JitWrapper(Wrapper):
         jitted = jax.jit(flat, donate_argnums=donate_argnums, **placing, **self._jitkwargs)
         entry = Entry(
             under_mesh(jitted, mesh), plan, pattern, lower=lowering(under_mesh(jitted.lower, mesh)),
-            donates=bool(donate_argnums),
+            donates=bool(donate_argnums), trace=lowering(under_mesh(jitted.trace, mesh)),
         )
         entry.placements = placing.get("in_shardings")
         return entry
@@ -96,17 +96,6 @@ class _JitWrapper(Wrapper):
         paths = unique_paths(split.root, split.plan, split.pattern)
         leaves = split.dynamic if split.pattern is None else [split.dynamic[i] for i in first_positions(split.pattern)]
         return tuple(placed(v, self._mesh, p, x) for v, p, x in zip(values, paths, leaves))
-
-    def lower(self, /, *args, **kwargs) -> Lowered:
-        """Lower for these arguments (ahead-of-time compilation).
-
-        **Arguments:** the same pytrees as a call.
-
-        **Returns:** a `Lowered` with `.as_text()` and `.compile()`; the compiled
-        object is called with the same pytrees as the original function.
-        """
-        entry, dynamic, _ = self._boundary.prepare(self._fun, args, kwargs, self._build)
-        return Lowered(entry.lower(*dynamic), self, entry)
 
     def _finish(self, out) -> Any:
         return unpack(*out)

@@ -82,10 +82,16 @@ class PerShard:
             return self.outer(*xs)
 
     def lower(self, *xs):
+        return self._ahead_of_time("lower", xs)
+
+    def trace(self, *xs):
+        return self._ahead_of_time("trace", xs)
+
+    def _ahead_of_time(self, stage: str, xs: tuple):
         if not self.concrete:
-            raise ValueError("lowering needs a concrete mesh (a jax.sharding.Mesh), not an abstract one.")
+            raise ValueError(f"{stage} needs a concrete mesh (a jax.sharding.Mesh), not an abstract one.")
         with jax.set_mesh(self.mesh):
-            return self.jitted.lower(*xs)
+            return getattr(self.jitted, stage)(*xs)
 
     def misplaced(self, xs: tuple) -> list[int]:
         """The positions of committed inputs that are not where they are placed

@@ -27,7 +27,7 @@ from ._errors import (
     dynamic_paths, no_mapped_input_error, owned_option_error, refs_in_pmap_error, unknown_option_error,
 )
 from ._hosts import Hosts, mapped_size_error, mesh_devices
-from ._lowering import Lowered, lowering
+from ._lowering import AheadOfTime, lowering
 from ._out_specs import OutAxes, config_key
 from ._outputs import pack_outputs, unpack
 from ._per_shard import PerShard, manual_view
@@ -53,7 +53,7 @@ def _spec(name: Any, axis: int | None) -> PartitionSpec:
     return PartitionSpec() if axis is None else PartitionSpec(*([None] * axis), name)
 
 
-class _PmapWrapper(Wrapper):
+class _PmapWrapper(AheadOfTime, Wrapper):
     transform = "filter_pmap"
 
     def __init__(self, fun, in_axes, out_axes, axis_name, axis_size, donate, specs, share, devices, backend):
@@ -82,11 +82,6 @@ class _PmapWrapper(Wrapper):
                 raise error from e
             raise
 
-    def lower(self, /, *args, **kwargs) -> Lowered:
-        """Lower for these arguments (ahead-of-time compilation), as `filter_jit.lower`."""
-        entry, dynamic, _ = self._boundary.prepare(self._fun, args, kwargs, self._build)
-        return Lowered(entry.lower(*dynamic), self, entry)
-
     def _finish(self, out) -> Any:
         return unpack(*out)
 
@@ -104,7 +99,10 @@ class _PmapWrapper(Wrapper):
         donation = (self._mode, list(donated)) if any(donated) else None
         flat = flat_function(split, body, self.name, self.transform, self.source, donation)
         runner = _Runner(self, flat, plan.unique_placements(pattern), donated)
-        return Entry(runner.call, plan, pattern, lower=lowering(runner.lower), refuse_deleted=True, donates=donation is not None)
+        return Entry(
+            runner.call, plan, pattern, lower=lowering(runner.lower), refuse_deleted=True,
+            donates=donation is not None, trace=lowering(runner.trace),
+        )
 
     def _size_error(self, split: Split, dynamic: list) -> ValueError | None:
         paths = unique_paths(split.root, split.plan, split.pattern)
@@ -141,6 +139,10 @@ class _Runner:
     def lower(self, *unique):
         run = self.runs.get(self._local_size(unique)) or self._new_run(unique)
         return run.lower(*(self._global(run, unique) if self.hosts is not None else unique))
+
+    def trace(self, *unique):
+        run = self.runs.get(self._local_size(unique)) or self._new_run(unique)
+        return run.trace(*(self._global(run, unique) if self.hosts is not None else unique))
 
     def _global(self, run: PerShard, unique: tuple) -> tuple:
         name = self.wrapper._axis_name

@@ -18,6 +18,7 @@ from jax.sharding import PartitionSpec
 from ._boundary import Boundary, Entry, Split, flat_function, top_level, unique_paths
 from ._caches import BoundedCache
 from ._errors import unknown_option_error
+from ._lowering import AheadOfTime, lowering
 from ._mapped import traced_numbers_as_arrays
 from ._out_specs import OutAxes, config_key, resolve_by_evaluation
 from ._outputs import pack_outputs, unpack
@@ -26,7 +27,7 @@ from ._resolve import LeafResolver
 from ._gather import first_positions
 from ._roles import MODES, is_ref, static
 from ._sharding import OUT_SPECS, SPECS, ambient_concrete_mesh, ambient_mesh, check_mesh, inferred_spec, misplaced_error
-from ._typing import Mapped
+from ._typing import Jitted
 from ._wrapper import Wrapper, dispatch, freeze
 
 __all__ = ["filter_shard_map"]
@@ -50,7 +51,7 @@ class _ShardMapEntry(Entry):
     __slots__ = ("make_flat", "flat", "specs", "placed", "resolved", "runs")
 
 
-class _ShardMapWrapper(Wrapper):
+class _ShardMapWrapper(AheadOfTime, Wrapper):
     transform = "filter_shard_map"
 
     def __init__(self, fun, mesh, in_specs, out_specs, axis_names, check_vma, specs, share):
@@ -70,12 +71,7 @@ class _ShardMapWrapper(Wrapper):
     def __call__(self, /, *args, **kwargs):
         entry, dynamic, split = self._boundary.prepare(self._fun, args, kwargs, self._build)
         dynamic = traced_numbers_as_arrays(dynamic)
-        mesh = self._mesh or ambient_concrete_mesh() or ambient_mesh()
-        if mesh is None:
-            raise ValueError(
-                "filter_shard_map has no mesh: pass mesh= to it, or set one with `jax.set_mesh(mesh)`."
-            )
-        run = entry.runs.get(mesh) or self._new_run(entry, mesh)
+        run = self._run(entry)
         try:
             return unpack(*dispatch(run, dynamic, split, entry))
         except ValueError:
@@ -109,7 +105,22 @@ class _ShardMapWrapper(Wrapper):
 
         entry.make_flat = make_flat
         entry.flat = entry.call = make_flat(None, structured=not out_specs.needs_evaluation)
+        entry.compiled = lambda *xs: self._run(entry)(*traced_numbers_as_arrays(list(xs)))
+        entry.lower = lowering(lambda *xs: self._run(entry).lower(*traced_numbers_as_arrays(list(xs))))
+        entry.trace = lowering(lambda *xs: self._run(entry).trace(*traced_numbers_as_arrays(list(xs))))
         return entry
+
+    def _finish(self, out) -> Any:
+        return unpack(*out)
+
+    def _run(self, entry) -> PerShard:
+        """The entry's jitted shard_map on this call's mesh."""
+        mesh = self._mesh or ambient_concrete_mesh() or ambient_mesh()
+        if mesh is None:
+            raise ValueError(
+                "filter_shard_map has no mesh: pass mesh= to it, or set one with `jax.set_mesh(mesh)`."
+            )
+        return entry.runs.get(mesh) or self._new_run(entry, mesh)
 
     def _new_run(self, entry, mesh) -> PerShard:
         """The jitted shard_map of this entry on `mesh`; its out specs resolved while
@@ -148,14 +159,14 @@ def _replicated_where_unset(tree: Any) -> Any:
 def filter_shard_map(
     fun: None = None, *, mesh: Any = None, in_specs: Any = None, out_specs: Any = None,
     axis_names: Any = None, check_vma: bool = True, specs: Any = None, share: bool = False,
-) -> Callable[[Callable[P, R]], Mapped[P, Any]]: ...
+) -> Callable[[Callable[P, R]], Jitted[P, Any]]: ...
 
 
 @overload
 def filter_shard_map(
     fun: Callable[P, R], *, mesh: Any = None, in_specs: Any = None, out_specs: Any = None,
     axis_names: Any = None, check_vma: bool = True, specs: Any = None, share: bool = False,
-) -> Mapped[P, Any]: ...
+) -> Jitted[P, Any]: ...
 
 
 def filter_shard_map(

@@ -1,13 +1,14 @@
 """The static types of filtx's wrappers, for type checkers (mypy, pyright): a
 wrapped function keeps its parameters and return type, and its documented
-attributes (`.lower`, `.__wrapped__`) are visible."""
+attributes (`.lower`, `.trace`, `.eval_shape`, `.clear_cache`, `.__wrapped__`)
+are visible."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import ParamSpec, Protocol, TypeVar, overload
+from typing import Any, ParamSpec, Protocol, TypeVar, overload
 
-from ._lowering import Lowered
+from ._lowering import Lowered, Traced
 
 __all__ = ["Jitted", "Mapped", "Pmapped"]
 
@@ -32,10 +33,16 @@ class Mapped(Protocol[P, R]):
 
 
 class Jitted(Mapped[P, R], Protocol[P, R]):
-    """What `filter_jit` returns: called like the function it wraps, with
-    `.lower(*args, **kwargs)` for ahead-of-time compilation."""
+    """What `filter_jit` (and `filter_shard_map`) returns: called like the function
+    it wraps, with `jax.jit`'s ahead-of-time stages for the same arguments."""
 
     def lower(self, *args: P.args, **kwargs: P.kwargs) -> Lowered: ...
+
+    def trace(self, *args: P.args, **kwargs: P.kwargs) -> Traced: ...
+
+    def eval_shape(self, *args: P.args, **kwargs: P.kwargs) -> Any: ...
+
+    def clear_cache(self) -> None: ...
 
 
 class Pmapped(Jitted[P, R], Protocol[P, R]):

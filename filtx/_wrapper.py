@@ -23,7 +23,7 @@ from ._share import any_deleted, refused_aliasing
 from ._sharding import misplaced_error
 from ._signature import signature_key
 
-__all__ = ["Wrapper", "freeze", "check_options", "as_pytree", "fun_donates", "dispatch"]
+__all__ = ["Wrapper", "Bound", "freeze", "check_options", "as_pytree", "fun_donates", "dispatch"]
 
 
 def as_pytree(fun: Callable) -> Any:
@@ -142,7 +142,7 @@ class Wrapper:
     def __get__(self, instance, owner=None):
         if instance is None:
             return self
-        return jax.tree_util.Partial(self, instance)
+        return Bound(self, instance)
 
     def __eq__(self, other):
         if type(other) is not type(self) or other._options != self._options:
@@ -169,6 +169,30 @@ class Wrapper:
 
     def __repr__(self):
         return f"<filtx.{self.transform} of {self._given!r}>"
+
+
+class Bound(jax.tree_util.Partial):
+    """A wrapper bound as a method (`model.step`): called, or asked for its
+    ahead-of-time stages (`.lower`, `.trace`, `.eval_shape`, `.clear_cache`),
+    with the instance first. A pytree as `jax.tree_util.Partial` is: the
+    instance is its leaf."""
+
+    def lower(self, /, *args, **kwargs):
+        return self.func.lower(*self.args, *args, **{**self.keywords, **kwargs})
+
+    def trace(self, /, *args, **kwargs):
+        return self.func.trace(*self.args, *args, **{**self.keywords, **kwargs})
+
+    def eval_shape(self, /, *args, **kwargs):
+        return self.func.eval_shape(*self.args, *args, **{**self.keywords, **kwargs})
+
+    def clear_cache(self) -> None:
+        self.func.clear_cache()
+
+
+jax.tree_util.register_pytree_node(
+    Bound, lambda bound: ((bound.args, bound.keywords), bound.func), lambda func, xs: Bound(func, *xs[0], **xs[1])
+)
 
 
 class _Aux:

@@ -5,6 +5,7 @@ import subprocess
 import sys
 import warnings
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -387,3 +388,82 @@ def test_donated_sharded_array_used_again_is_refused_by_path():
     assert x.is_deleted()
     with pytest.raises(RuntimeError, match=r"args\[0\]\['w'\].*donated"):
         f({"w": x})
+
+
+# ---------------------------------------------------------------------------
+# The ahead-of-time surface of jax.jit, over whole pytrees
+
+
+def _model():
+    return {"w": jnp.ones((4, 3)), "act": jnp.tanh, "scale": 2.0}
+
+
+def _apply(model, x):
+    return {"y": model["act"](model["w"] @ x) * model["scale"], "name": "out"}
+
+
+def test_trace_gives_the_jaxpr_and_lowers_and_compiles():
+    f = filtx.filter_jit(_apply)
+    traced = f.trace(_model(), jnp.ones(3))
+    assert "dot_general" in str(traced.jaxpr) and "tanh" in str(traced.jaxpr)
+    compiled = traced.lower().compile()
+    out = compiled(_model(), jnp.ones(3))
+    assert out["name"] == "out" and jnp.allclose(out["y"], 2 * jnp.tanh(3.0))
+
+
+def test_lowered_and_compiled_report_costs_and_memory():
+    f = filtx.filter_jit(_apply)
+    lowered = f.lower(_model(), jnp.ones(3))
+    assert lowered.cost_analysis() is not None
+    compiled = lowered.compile()
+    assert compiled.cost_analysis()["flops"] >= 2 * 4 * 3
+    assert compiled.memory_analysis().output_size_in_bytes >= 4 * 4
+    assert "dot" in compiled.as_text()
+
+
+def test_eval_shape_gives_the_abstract_output_with_its_other_leaves_and_runs_nothing():
+    calls = []
+    f = filtx.filter_jit(lambda model, x: (calls.append(None), _apply(model, x))[1], donate="arrays")
+    model, x = _model(), jnp.ones(3)
+    out = f.eval_shape(model, x)
+    assert out["y"] == jax.ShapeDtypeStruct((4,), jnp.float32) and out["name"] == "out"
+    assert not model["w"].is_deleted() and not x.is_deleted()  # nothing ran, nothing was donated
+    assert calls == [None]  # traced once, and that trace serves the first call
+    f(model, x)
+    assert calls == [None]
+
+
+def test_clear_cache_forgets_this_functions_entries_which_equal_wrappers_share():
+    traces = []
+
+    def g(x):
+        traces.append(None)
+        return x + 1
+
+    f, again, other = filtx.filter_jit(g), filtx.filter_jit(g), filtx.filter_jit(lambda x: x * 2)
+    f(jnp.ones(2))
+    other(jnp.ones(2))
+    again(jnp.ones(2))
+    assert len(traces) == 1
+    again.clear_cache()
+    f(jnp.ones(2))
+    assert len(traces) == 2
+    assert other.trace(jnp.ones(2)) is not None
+
+
+def test_the_stages_work_on_methods_bound_to_a_module():
+    class Scaled(eqx.Module):
+        w: jax.Array
+
+        @filtx.filter_jit
+        def apply(self, x, *, times=2):
+            return self.w * x * times
+
+    m = Scaled(jnp.arange(3.0))
+    assert jnp.allclose(m.apply.lower(jnp.ones(3), times=3).compile()(m, jnp.ones(3), times=3), 3 * jnp.arange(3.0))
+    assert "mul" in str(m.apply.trace(jnp.ones(3)).jaxpr)
+    assert m.apply.eval_shape(jnp.ones(3)).shape == (3,)
+    m.apply.clear_cache()
+    assert jnp.allclose(m.apply(jnp.ones(3)), 2 * jnp.arange(3.0))
+    leaves = jax.tree_util.tree_leaves(m.apply)  # still a pytree: the instance's arrays are its leaves
+    assert len(leaves) == 1 and leaves[0] is m.w

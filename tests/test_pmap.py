@@ -274,3 +274,22 @@ def test_an_output_with_another_out_axis_can_be_fed_back():
     q = filtx.filter_pmap(lambda x: x * 2)
     out = q(p(jnp.zeros((N, 3))).T)  # (3, N) transposed: committed, placed otherwise
     np.testing.assert_array_equal(np.asarray(out), 2.0)
+
+
+def test_filter_pmap_trace_eval_shape_and_clear_cache():
+    traces = []
+
+    def step(model, x, y):
+        traces.append(None)
+        return sgd_step(model, x, y)
+
+    p = filtx.filter_pmap(step, axis_name="devices", out_axes=(filtx.if_array(0), None))
+    model, (x, y) = replicate(make_model()), data()
+    shapes = p.eval_shape(model, x, y)
+    assert shapes[0]["w1"] == jax.ShapeDtypeStruct((N, 4, 16), jnp.float32) and shapes[0]["activation"] is jax.nn.tanh
+    assert shapes[1].shape == ()
+    assert "psum" in str(p.trace(model, x, y).jaxpr) or "pmean" in str(p.trace(model, x, y).jaxpr)
+    assert len(traces) == 1
+    p.clear_cache()
+    p(model, x, y)
+    assert len(traces) == 2

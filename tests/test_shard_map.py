@@ -186,3 +186,21 @@ def test_grad_through_a_filter_shard_map_of_a_whole_model_inside_filter_jit(mesh
     )))(params, x)
     for a, b in zip(jax.tree_util.tree_leaves(ours), jax.tree_util.tree_leaves(theirs)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
+
+
+def test_ahead_of_time_stages_on_the_mesh_given_or_set(mesh):
+    f = filtx.filter_shard_map(
+        lambda model, x: (jax.lax.psum(jnp.sum(jax.vmap(model)(x)), "data"), model.activation),
+        mesh=mesh, in_specs={"x": P("data")}, out_specs=(P(), None),
+    )
+    model, x = make_model(), np.ones((2 * mesh.shape["data"], 8), np.float32)
+    total, act = f.eval_shape(model, x)
+    assert total.shape == () and act is jax.nn.relu
+    compiled = f.lower(model, x).compile()
+    assert compiled.cost_analysis() is not None
+    np.testing.assert_allclose(float(compiled(model, x)[0]), float(f(model, x)[0]), rtol=1e-6)
+    assert "psum" in str(f.trace(model, x).jaxpr)
+    f.clear_cache()
+    g = filtx.filter_shard_map(lambda x: jax.lax.psum(x, "data"), in_specs=P("data"), out_specs=P())
+    with jax.set_mesh(mesh):
+        assert g.eval_shape(np.ones((mesh.shape["data"], 2), np.float32)).shape == (1, 2)

@@ -35,6 +35,11 @@ again: jax.Array = jitted.__wrapped__(jnp.ones(3))
 new_params: dict[str, jax.Array] = step({"w": jnp.ones(2)}, 0.1)
 batched = filtx.filter_vmap(plain)(jnp.ones((4, 3)))
 lowered = filtx.filter_pmap(plain).lower(jnp.ones((1, 3)))
+flops = compiled.cost_analysis()
+memory = compiled.memory_analysis()
+jaxpr = jitted.trace(jnp.ones(3)).jaxpr
+shapes = jitted.eval_shape(jnp.ones(3))
+jitted.clear_cache()
 
 
 class Model:
