@@ -23,11 +23,14 @@ them, never importing each other):
 - `_reuse`: records of returned objects, reused instead of flattened again
 - `_caches`: bounded caches, `clear_caches`, compile state shared by equal wrappers
 - `_wrapper`: what every wrapper shares (decorators, binding, equality, dispatch)
-- `_lowering`: `.lower()` / `.compile()`
+- `_lowering`: the ahead-of-time stages (`.trace`, `.lower`, `.eval_shape`, `.clear_cache`)
 - `_mapped`: what the mapped transforms share
 - `_donation`: which donated buffers an output reuses; warnings and the strict mode
 - `_donation_report`: `donation_report`
 - `_errors`: every user-facing message; `_explain`: explained retraces
+- `_eqx_errors`: Equinox's runtime errors raised as `eqx.filter_jit` raises them
+- `_per_shard`: `jax.jit(jax.shard_map(...))`, what filter_shard_map and filter_pmap share
+- `_hosts`: filter_pmap's devices, and its conversions under several processes
 - `_typing`: the wrappers' static types
 - `_jit`, `_vmap`, `_pmap`, `_shard_map`, `_shard`: the transforms
 """
@@ -39,6 +42,7 @@ from jax._src import traceback_util as _traceback_util
 from ._caches import clear_caches
 from ._donation import UnusableDonationWarning
 from ._donation_report import DonationReport, DonationRow, donation_report
+from ._eqx_errors import block_until_ready
 from ._jit import filter_jit
 from ._pmap import filter_pmap
 from ._reuse import reuse_outputs
@@ -73,4 +77,5 @@ __all__ = [
     "DonationReport",
     "DonationRow",
     "UnusableDonationWarning",
+    "block_until_ready",
 ]

@@ -27,6 +27,7 @@ from ._errors import (
     unhashable_static_error,
 )
 from ._donation import check_donations, hide_jax_warning, out_avals_of
+from ._eqx_errors import MARKER, note_trace
 from ._explain import CallSignature, explain_new_avals, explain_new_entry, explaining
 from ._gather import first_positions, getter
 from ._plan import Plan, canonical_plan, static_types_of
@@ -253,6 +254,8 @@ def flat_function(
     last_avals: list = []
 
     def flat(*dynamic):
+        __equinox_jit_id__ = MARKER  # noqa: F841  Equinox's error_if records where the compiled function begins
+        note_trace()
         unique = dynamic
         if expand is not None:
             dynamic = expand(dynamic)

@@ -16,6 +16,7 @@ from ._lowering import AheadOfTime, lowering
 from ._outputs import pack_outputs, unpack
 from ._resolve import LeafResolver
 from ._roles import is_array, parse_mode
+from ._eqx_errors import without_filtx_frames
 from ._errors import SpecError, output_path
 from ._sharding import OUT_SHARDINGS, SHARDINGS, check_mesh, place, placed, under_mesh
 from ._share import unique_donation
@@ -59,7 +60,11 @@ class _JitWrapper(AheadOfTime, Wrapper):
 
     def __call__(self, /, *args, **kwargs):
         entry, dynamic, split = self._boundary.prepare(self._fun, args, kwargs, self._build)
-        arrays, carrier = dispatch(entry.call, dynamic, split, entry, self._recheck)
+        try:
+            arrays, carrier = dispatch(entry.call, dynamic, split, entry, self._recheck)
+        except RuntimeError as e:  # free on success (zero-cost try)
+            without_filtx_frames(e)
+            raise
         info = carrier.info
         if info.slots and self._reuse and reuse_enabled() and top_level():
             return info.build_recording(arrays, self._boundary.records)
@@ -81,9 +86,9 @@ class _JitWrapper(AheadOfTime, Wrapper):
         placing = {} if plan.axes is None else {"in_shardings": self._in_shardings(split)}
         flat = flat_function(split, body, self.name, self.transform, self.source, donation)
         jitted = jax.jit(flat, donate_argnums=donate_argnums, **placing, **self._jitkwargs)
-        entry = Entry(
-            under_mesh(jitted, mesh), plan, pattern, lower=lowering(under_mesh(jitted.lower, mesh)),
-            donates=bool(donate_argnums), trace=lowering(under_mesh(jitted.trace, mesh)),
+        entry = Entry(  # stages looked up when asked for (EQX_ON_ERROR=breakpoint swaps jax.jit for a function)
+            under_mesh(jitted, mesh), plan, pattern, lower=lowering(under_mesh(lambda *d: jitted.lower(*d), mesh)),
+            donates=bool(donate_argnums), trace=lowering(under_mesh(lambda *d: jitted.trace(*d), mesh)),
         )
         entry.placements = placing.get("in_shardings")
         return entry

@@ -10,6 +10,7 @@ from typing import Any
 import jax
 
 from ._donation import hidden_depth, show_jax_warning
+from ._eqx_errors import without_filtx_frames
 from ._wrapper import dispatch
 
 __all__ = ["Traced", "Lowered", "Compiled", "AheadOfTime", "lowering"]
@@ -205,4 +206,9 @@ class Compiled:
                 "`.lower(...)` again for these arguments, or call the wrapped "
                 "function itself."
             )
-        return wrapper._finish(dispatch(self.compiled, dynamic, split, entry, getattr(wrapper, "_recheck", None)))
+        try:
+            out = dispatch(self.compiled, dynamic, split, entry, getattr(wrapper, "_recheck", None))
+        except RuntimeError as e:
+            without_filtx_frames(e)
+            raise
+        return wrapper._finish(out)

@@ -26,6 +26,7 @@ from ._caches import BoundedCache
 from ._errors import (
     dynamic_paths, no_mapped_input_error, owned_option_error, refs_in_pmap_error, unknown_option_error,
 )
+from ._eqx_errors import without_filtx_frames
 from ._hosts import Hosts, mapped_size_error, mesh_devices
 from ._lowering import AheadOfTime, lowering
 from ._out_specs import OutAxes, config_key
@@ -80,6 +81,9 @@ class _PmapWrapper(AheadOfTime, Wrapper):
             error = self._size_error(split, dynamic)
             if error is not None:
                 raise error from e
+            raise
+        except RuntimeError as e:
+            without_filtx_frames(e)
             raise
 
     def _finish(self, out) -> Any:

@@ -17,6 +17,7 @@ from jax.sharding import PartitionSpec
 
 from ._boundary import Boundary, Entry, Split, flat_function, top_level, unique_paths
 from ._caches import BoundedCache
+from ._eqx_errors import without_filtx_frames
 from ._errors import unknown_option_error
 from ._lowering import AheadOfTime, lowering
 from ._mapped import traced_numbers_as_arrays
@@ -79,6 +80,9 @@ class _ShardMapWrapper(AheadOfTime, Wrapper):
             if misplaced:
                 paths = unique_paths(split.root, split.plan, split.pattern)
                 raise misplaced_error(paths, dynamic, run.shardings, None, "in_specs") from None
+            raise
+        except RuntimeError as e:
+            without_filtx_frames(e)
             raise
 
     def _build(self, split: Split) -> Entry:

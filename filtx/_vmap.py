@@ -12,6 +12,7 @@ import jax.numpy as jnp
 
 from ._boundary import Boundary, Entry, Split, flat_function
 from ._caches import BoundedCache
+from ._eqx_errors import without_filtx_frames
 from ._errors import (
     donation_in_mapped_error,
     dynamic_paths,
@@ -82,6 +83,9 @@ class _VmapWrapper(Wrapper):
             error = self._explain_failure(e, split, entry, dynamic, out_axes)
             if error is not None:
                 raise error from e
+            raise
+        except RuntimeError as e:
+            without_filtx_frames(e)
             raise
 
     def _build(self, split: Split) -> Entry:

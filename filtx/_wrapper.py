@@ -18,6 +18,7 @@ from ._boundary import Entry, Split, unique_paths
 from ._caches import code_owner, is_table_attribute, shared_by_code
 from ._errors import aliased_ref_error, deleted_array_error, owned_option_error, rename_dynamic, unknown_option_error
 from ._donation import hidden_depth, show_jax_warning
+from ._eqx_errors import equinox_runtime_error
 from ._roles import is_ref
 from ._share import any_deleted, refused_aliasing
 from ._sharding import misplaced_error
@@ -242,6 +243,9 @@ def dispatch(call: Callable, dynamic: list, split: Split, entry: Entry, recheck:
     try:
         return call(*dynamic)
     except Exception as e:
+        error = equinox_runtime_error(e)
+        if error is not None:
+            raise error from None
         if recheck is not None and not split.checked and refused_aliasing(e):
             split.plan.aliased = True
             entry, dynamic, split = recheck(*split.root)
