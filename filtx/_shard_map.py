@@ -75,11 +75,12 @@ class _ShardMapWrapper(AheadOfTime, Wrapper):
         run = self._run(entry)
         try:
             return unpack(*dispatch(run, dynamic, split, entry))
-        except ValueError:
+        except ValueError as e:
             misplaced = run.misplaced(dynamic) if top_level() else None
             if misplaced:
                 paths = unique_paths(split.root, split.plan, split.pattern)
                 raise misplaced_error(paths, dynamic, run.shardings, None, "in_specs") from None
+            _user_out_specs(e)
             raise
         except RuntimeError as e:
             without_filtx_frames(e)
@@ -153,6 +154,13 @@ class _ShardMapWrapper(AheadOfTime, Wrapper):
 
         tree = _replicated_where_unset(resolve_by_evaluation(self._out_specs, evaluate))
         return tree, entry.make_flat(tree)
+
+
+def _user_out_specs(error: ValueError) -> None:
+    """JAX's shard_map errors name `out_specs[0]`: filtx's `(the user's out specs,
+    the carrier's)`. Say `out_specs`, as the user wrote it."""
+    if error.args and isinstance(error.args[0], str) and "out_specs[0]" in error.args[0]:
+        error.args = (error.args[0].replace("out_specs[0]", "out_specs"),) + tuple(error.args[1:])
 
 
 def _replicated_where_unset(tree: Any) -> Any:

@@ -204,3 +204,11 @@ def test_ahead_of_time_stages_on_the_mesh_given_or_set(mesh):
     g = filtx.filter_shard_map(lambda x: jax.lax.psum(x, "data"), in_specs=P("data"), out_specs=P())
     with jax.set_mesh(mesh):
         assert g.eval_shape(np.ones((mesh.shape["data"], 2), np.float32)).shape == (1, 2)
+
+
+def test_jax_errors_about_out_specs_name_the_users_out_specs():
+    mesh = make_mesh("explicit")
+    f = filtx.filter_shard_map(lambda x: (x * 2).sum(), mesh=mesh, in_specs=P("data"), out_specs=P())
+    with pytest.raises(ValueError) as caught:  # a sum over the shard is not replicated
+        f(jax.device_put(jnp.ones(N), NamedSharding(mesh, P("data"))))
+    assert "out_specs is P() which implies" in str(caught.value) and "out_specs[0]" not in str(caught.value)
