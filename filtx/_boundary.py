@@ -32,7 +32,7 @@ from ._explain import CallSignature, explain_new_avals, explain_new_entry, expla
 from ._gather import first_positions, getter
 from ._plan import Plan, canonical_plan, static_types_of
 from ._resolve import LeafResolver
-from ._reuse import Records, slotted, spliced_leaves
+from ._reuse import Records, passed_candidates, slotted, spliced_leaves
 
 __all__ = ["Boundary", "Entry", "Split", "flat_function", "unique_paths"]
 
@@ -122,13 +122,15 @@ class Boundary:
         self.slots: dict = {}  # flattened remainder's structure -> where reused arguments go
         register(self)
 
-    def split(self, fun: Any, args: tuple, kwargs: dict, check_buffers: bool = False) -> Split:
+    def split(self, fun: Any, args: tuple, kwargs: dict, check_buffers: bool = False, reuse: bool = False) -> Split:
         """One call, split. The hot path. `fun` is the function's own pytree (a
         callable Module's arrays, a partial's arguments), flattened with the call.
-        `check_buffers` checks donated buffers for aliasing even where JAX would."""
+        `check_buffers` checks donated buffers for aliasing even where JAX would;
+        `reuse` takes recorded objects' leaves from their records, and records the
+        immutable objects passed (see `_reuse`)."""
         if kwargs and self.resolver.specs.needs_binding(kwargs):
             args, kwargs = self.resolver.specs.bind(args, kwargs)
-        reused = self.records and slotted(self.records, args)
+        reused = reuse and self.records and slotted(self.records, args)
         if reused:
             leaves, key, types = self._reused_leaves(fun, args, kwargs, reused)
         else:
@@ -137,6 +139,8 @@ class Boundary:
         plan = self.plans.get((key, types))
         if plan is None:
             plan = self._new_plan(fun, args, kwargs, key, types)
+        if reuse and plan.candidates and top_level():
+            self.records.passed(plan.candidates, args, leaves, types)
         if plan.deferred is not None:
             plan = plan.variant(leaves, (fun, args, kwargs))
         statics = tuple(compress(leaves, plan.static_mask))
@@ -192,16 +196,18 @@ class Boundary:
         rules = self.resolver.resolve(root)
         static_types = static_types_of(types, rules)
         plan = canonical_plan(self.canonical, treedef, rules, static_types, self.resolver.with_axes, self.lock)
+        if not isinstance(key, tuple):  # flattened whole: which arguments may be recorded when passed
+            plan.candidates = passed_candidates(treedef)
         return insert_bounded(self.plans, (key, types), plan, MAX_PLANS, self.lock)
 
     def prepare(
-        self, fun: Any, args: tuple, kwargs: dict, build: Callable, check_buffers: bool = False
+        self, fun: Any, args: tuple, kwargs: dict, build: Callable, check_buffers: bool = False, reuse: bool = False,
     ) -> tuple[Entry, list, Split]:
         """`(entry, unique dynamic values, split)` for one call. The hot path.
 
-        `build(split)` makes an `Entry` on a cache miss.
+        `build(split)` makes an `Entry` on a cache miss; `reuse`: see `split`.
         """
-        split = self.split(fun, args, kwargs, check_buffers)
+        split = self.split(fun, args, kwargs, check_buffers, reuse)
         plan = split.plan
         try:
             entry = plan.entries[split.statics, split.pattern]

@@ -59,7 +59,9 @@ class _JitWrapper(AheadOfTime, Wrapper):
         self._recheck = functools.partial(self._boundary.prepare, build=self._build, check_buffers=True)
 
     def __call__(self, /, *args, **kwargs):
-        entry, dynamic, split = self._boundary.prepare(self._fun, args, kwargs, self._build)
+        entry, dynamic, split = self._boundary.prepare(
+            self._fun, args, kwargs, self._build, False, self._reuse and reuse_enabled()
+        )
         try:
             arrays, carrier = dispatch(entry.call, dynamic, split, entry, self._recheck)
         except RuntimeError as e:  # free on success (zero-cost try)

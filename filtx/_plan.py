@@ -32,7 +32,7 @@ class Plan:
     __slots__ = (
         "treedef", "rules", "with_axes", "canonical", "entries", "deferred", "variants",
         "static_mask", "dynamic_mask", "roles", "donate_mask", "kept_mask", "any_donated",
-        "axes", "merge", "lock", "static_types", "_undonated", "aliased", "__weakref__",
+        "axes", "merge", "lock", "static_types", "_undonated", "aliased", "candidates", "__weakref__",
     )
 
     def __init__(self, treedef, rules: list, with_axes: bool, canonical: dict, static_types: tuple = ()):
@@ -40,6 +40,7 @@ class Plan:
         self.static_types = static_types
         self._undonated = None
         self.aliased = False  # a call of this plan donated aliased buffers: check them before each call
+        self.candidates: tuple = ()  # arguments that may be recorded when passed (see _reuse)
         self.rules = rules
         self.with_axes = with_axes
         self.canonical = canonical

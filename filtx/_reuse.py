@@ -1,6 +1,8 @@
-"""Records of what a wrapper returned, so that an argument that is one of those
-objects (the model fed back into the next step), or holds them in tuples and
-namedtuples (an optimiser state), is not flattened again.
+"""Records of objects a wrapper has seen, so that an argument that is one of them
+is not flattened again: objects it returned (the model fed back into the next
+step), or held in tuples and namedtuples (an optimiser state); and objects it
+was passed before (a model given unchanged to an evaluation or inference step,
+a frozen part of a model), recorded the second time they are passed.
 
 Only an object that cannot have changed since it was built qualifies: its type
 takes weak references (a record holds it weakly: it never keeps a dropped model
@@ -88,12 +90,14 @@ class Record:
 
 
 class Records:
-    """The recorded outputs of one wrapper's compile state: id -> Record."""
+    """The recorded objects of one wrapper's compile state: id -> Record; and the
+    objects passed once (id -> weak reference), recorded if passed again."""
 
-    __slots__ = ("items", "lock", "__weakref__")
+    __slots__ = ("items", "seen", "lock", "__weakref__")
 
     def __init__(self):
         self.items: dict = {}
+        self.seen: dict = {}
         self.lock = threading.Lock()
 
     def remember(self, obj: Any, treedef, leaves: list, types: tuple) -> None:
@@ -112,9 +116,29 @@ class Records:
     def clear(self) -> None:
         with self.lock:
             self.items.clear()
+            self.seen.clear()
 
     def __bool__(self) -> bool:
         return bool(self.items)
+
+    def passed(self, candidates: tuple, args: tuple, leaves: list, types: tuple) -> None:
+        """A call's arguments at `candidates` (see `passed_candidates`), flattened
+        whole (`leaves`, `types`): those passed before are recorded; the others
+        are remembered as passed once. Weakly: nothing is kept alive."""
+        seen, items = self.seen, self.items
+        for i, treedef, a, b in candidates:
+            obj = args[i]
+            key = id(obj)
+            if key in items:
+                continue
+            ref = seen.pop(key, None)
+            if ref is not None and ref() is obj:
+                self.remember(obj, treedef, leaves[a:b], types[a:b])
+                continue
+            with self.lock:
+                while len(seen) >= MAX_RECORDS:
+                    seen.pop(next(iter(seen)), None)
+                seen[key] = weakref.ref(obj)
 
 
 class _Slot:
@@ -184,6 +208,23 @@ def slots_of(treedef, path: tuple = (), start: int = 0, depth: int = MAX_DEPTH) 
         slots += slots_of(child, path + (i,), start, depth - 1)
         start += child.num_leaves
     return slots
+
+
+def passed_candidates(root_treedef) -> tuple:
+    """Which arguments of a call of this structure may be recorded when passed:
+    `(position, structure, first leaf, end leaf)` for each top-level positional
+    argument whose every node is immutable, whose root takes weak references,
+    and which holds at least `MIN_LEAVES` leaves (fewer flatten faster than they
+    are found). Once per call structure."""
+    fun_def, args_def, _ = root_treedef.children()
+    start = fun_def.num_leaves
+    found = []
+    for i, child in enumerate(args_def.children()):
+        end = start + child.num_leaves
+        if child.num_leaves >= MIN_LEAVES and reusable(child):
+            found.append((i, child, start, end))
+        start = end
+    return tuple(found)
 
 
 def reusable_slots(treedef) -> tuple:

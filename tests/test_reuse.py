@@ -2,6 +2,7 @@
 flattened again, results are the same, nothing stale is ever hit, and nothing
 the user dropped is kept alive."""
 
+import dataclasses
 import gc
 import weakref
 
@@ -270,3 +271,86 @@ def test_records_moved_to_other_positions_of_a_same_shaped_call_are_spliced_wher
     assert jax.tree.structure(results[0]) == jax.tree.structure(results[1])
     for u, v in zip(jax.tree.leaves(results[0]), jax.tree.leaves(results[1])):
         np.testing.assert_allclose(np.asarray(u), np.asarray(v))
+
+
+# ---------------------------------------------------------------------------
+# Objects passed before: a model given unchanged (evaluation, inference, a
+# frozen part) is recorded the second time it is passed, and not flattened again.
+
+
+def evaluate(model, x, scale=1.0):
+    return jnp.sum(jax.vmap(model)(x)) * scale
+
+
+def test_a_model_passed_unchanged_is_recorded_on_its_second_call_and_reused_after(reused):
+    model, _, _ = make()
+    f = filtx.filter_jit(evaluate)
+    x = jnp.ones((4, 3))
+    results = [float(f(model, x)) for _ in range(4)]
+    assert len(reused) == 2  # first call: seen; second: recorded; third and fourth: reused
+    assert results == [results[0]] * 4 == [float(evaluate(model, x))] * 4
+    off = filtx.filter_jit(evaluate, reuse_outputs=False)
+    assert float(off(model, x)) == results[0]
+
+
+def test_a_model_changed_by_tree_at_or_replace_is_a_new_object_and_flattened(reused):
+    model, _, _ = make()
+    f = filtx.filter_jit(evaluate)
+    x = jnp.ones((4, 3))
+    f(model, x), f(model, x)
+    changed = eqx.tree_at(lambda m: m.layers[0].bias, model, model.layers[0].bias + 10)
+    assert float(f(changed, x)) == float(evaluate(changed, x)) != float(evaluate(model, x))
+    assert float(f(model, x)) == float(evaluate(model, x))  # the recorded original is still right
+    frozen = Frozen(np.ones(3, np.float32), jnp.zeros(3))
+    g = filtx.filter_jit(lambda m: jnp.sum(m.table + m.offset))
+    g(frozen), g(frozen)
+    assert float(g(dataclasses.replace(frozen, offset=jnp.ones(3)))) == 6.0 and float(g(frozen)) == 3.0
+
+
+class Frozen(eqx.Module):
+    table: np.ndarray  # a NumPy leaf: it can change in place
+    offset: jax.Array
+
+
+def test_a_numpy_leaf_changed_in_place_is_read_as_it_is_now():
+    frozen = Frozen(np.ones(3, np.float32), jnp.zeros(3))
+    f = filtx.filter_jit(lambda m, x: (m.table + m.offset) * x)
+    for value in (1.0, 2.0, 3.0, 4.0):
+        frozen.table[:] = value
+        np.testing.assert_array_equal(f(frozen, jnp.ones(3)), value)
+
+
+def test_a_donated_model_passed_again_is_refused_by_path():
+    model, _, _ = make()
+    x = jnp.ones((4, 3))
+    ev = filtx.filter_jit(evaluate)
+    ev(model, x), ev(model, x)  # recorded by `ev`
+    assert id(model) in ev._boundary.records.items
+    double = filtx.filter_jit(lambda m: jax.tree.map(lambda v: v * 2 if eqx.is_array(v) else v, m), donate="arrays")
+    double(model)  # another step donates it
+    assert model.layers[0].weight.is_deleted()
+    with pytest.raises(RuntimeError, match=r"args\[0\]\.layers\[0\]\.weight.*donated"):
+        ev(model, x)
+
+
+def test_a_passed_objects_record_keeps_nothing_alive():
+    f = filtx.filter_jit(evaluate)
+    x = jnp.ones((4, 3))
+    model, _, _ = make()
+    f(model, x), f(model, x), f(model, x)
+    records = f._boundary.records
+    assert id(model) in records.items
+    dead = weakref.ref(model)
+    del model
+    gc.collect()
+    assert dead() is None and not records.items
+
+
+def test_a_stream_of_fresh_objects_is_never_recorded(reused):
+    f = filtx.filter_jit(evaluate)
+    x = jnp.ones((4, 3))
+    for i in range(5):
+        model = eqx.nn.MLP(3, 2, 8, 2, key=jax.random.PRNGKey(i))
+        f(model, x)
+    assert not f._boundary.records.items and not reused
+    assert len(f._boundary.records.seen) <= reuse.MAX_RECORDS

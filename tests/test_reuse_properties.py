@@ -139,3 +139,53 @@ def test_two_calls_share_a_key_only_when_their_structures_are_equal(sequence):
             # JAX refuses to compare with anything else): never the same key.
             if type(keys[i]) is type(keys[j]) and keys[i] == keys[j]:
                 assert structures[i] == structures[j]
+
+
+# ---------------------------------------------------------------------------
+# Objects passed before, through a real filter_jit: random interleavings of the
+# same objects (recorded from their second call) and new ones, at random
+# positions, give exactly what a wrapper with reuse off gives.
+
+
+def summary(*args):
+    """Every array leaf weighted by its position, and every static leaf: a splice
+    that put a leaf in the wrong place, or the wrong object, changes it."""
+    leaves = jax.tree_util.tree_leaves(args)
+    arrays = [x for x in leaves if isinstance(x, jax.Array)]
+    total = sum((i + 1) * jnp.sum(x) for i, x in enumerate(arrays)) if arrays else jnp.zeros(())
+    return total, tuple(x for x in leaves if not isinstance(x, jax.Array))
+
+
+@st.composite
+def interleavings(draw):
+    pool = [module(draw(st.integers(0, 2)), draw(st.integers(0, 9))) for _ in range(draw(st.integers(1, 3)))]
+    arity = draw(st.integers(1, 3))
+    calls = []
+    for _ in range(draw(st.integers(2, 8))):
+        args = []
+        for _ in range(arity):
+            kind = draw(st.integers(0, 3))
+            if kind <= 1:
+                args.append(pool[draw(st.integers(0, len(pool) - 1))])  # seen before, maybe
+            elif kind == 2:
+                args.append(module(draw(st.integers(0, 2)), draw(st.integers(0, 9))))  # a new object
+            else:
+                args.append(jnp.full((2,), float(draw(st.integers(0, 9)))))
+        calls.append(tuple(args))
+    return calls
+
+
+@budget(40)
+@given(interleavings())
+def test_passed_objects_reused_give_what_reuse_off_gives(calls):
+    import filtx
+
+    before = reuse.MIN_LEAVES
+    reuse.MIN_LEAVES = 1  # the test's modules are small: record them all the same
+    try:
+        on, off = filtx.filter_jit(summary), filtx.filter_jit(summary, reuse_outputs=False)
+        for args in calls:
+            (a, sa), (b, sb) = on(*args), off(*args)
+            assert float(a) == float(b) and sa == sb
+    finally:
+        reuse.MIN_LEAVES = before
