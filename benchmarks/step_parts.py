@@ -76,7 +76,7 @@ def part_times(leaves: int) -> dict:
 
     return {
         "flatten": best(lambda: jax.tree_util.tree_flatten((step._fun, args, {}))),
-        "split": best(lambda: boundary.split(step._fun, args, {})),
+        "split": best(lambda: boundary.split(step._fun, args, {}, reuse=True)),
         "build": best(lambda: carrier.info.build(arrays)),
     }
 

@@ -1,11 +1,16 @@
 """Run Equinox's example notebooks twice, as they are and with filtx in place of
 `equinox.filter_jit`/`filter_vmap`/`filter_pmap`, and compare what they print.
 
-    python tools/peer_examples/run.py [NAME ...]   (default: the examples below)
+    python tools/peer_examples/run.py [--equinox-repo PATH] [NAME ...]
+                                                    (default: the examples below)
 
-The notebooks are read at run time from a snapshot of Equinox's repository
-(`EQUINOX_REPO`, default the bare mirror the search tool's `fetch` makes): no
-code of theirs is kept in this project. Each example's code cells (IPython
+The notebooks are read at run time from a checkout of Equinox's repository
+(`--equinox-repo`, or the environment variable `EQUINOX_REPO`; no default):
+`git clone https://github.com/patrick-kidger/equinox` gives one (a bare clone
+does too). They are read from its `HEAD` commit (`git show`), or from the
+folder itself when it is no git repository (an exported copy): no code of
+theirs is kept in this project. Equinox, optax and filtx must be installed in
+the running Python (see tools/README.md). Each example's code cells (IPython
 magics dropped) go to a script under a temporary folder, which runs in a
 subprocess of its own per variant, on 8 virtual CPU devices, with Python's and
 NumPy's global generators seeded alike; at the end, the sum of the arrays in
@@ -17,6 +22,7 @@ run past `TIMEOUT` seconds is killed.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -25,7 +31,6 @@ import sys
 import tempfile
 import time
 
-EQUINOX_REPO = os.environ.get("EQUINOX_REPO", "/work/.mirror/patrick-kidger+equinox/repo")
 # Those that need only equinox, jax, numpy and optax (the others want torch,
 # einops, diffrax or a download).
 EXAMPLES = ("train_rnn", "frozen_layer", "stateful", "parallelism")
@@ -57,11 +62,27 @@ for name, value in sorted(names.items()):  # what the example computed, printed 
 """
 
 
-def notebook_code(name: str) -> str:
-    text = subprocess.run(
-        ["git", "-C", EQUINOX_REPO, "show", f"HEAD:docs/examples/{name}.ipynb"],
-        check=True, capture_output=True, text=True,
-    ).stdout
+HOW_TO_GET = """Get Equinox and install it next to filtx, in one virtualenv:
+    git clone https://github.com/patrick-kidger/equinox
+    pip install -e "/path/to/filtx[test]" -e ./equinox
+then run with --equinox-repo ./equinox (or EQUINOX_REPO=./equinox); see tools/README.md."""
+
+
+def notebook(repo: str, name: str) -> str:
+    """The notebook's text at the repository's HEAD (a clone with a work tree or
+    a bare one), or the file itself where `repo` is no git repository."""
+    path = f"docs/examples/{name}.ipynb"
+    done = subprocess.run(["git", "-C", repo, "show", f"HEAD:{path}"], capture_output=True, text=True)
+    if done.returncode == 0:
+        return done.stdout
+    if os.path.isfile(os.path.join(repo, path)):
+        with open(os.path.join(repo, path)) as f:
+            return f.read()
+    sys.exit(f"cannot read {path} from {repo}: {done.stderr.strip()}\n" + HOW_TO_GET)
+
+
+def notebook_code(repo: str, name: str) -> str:
+    text = notebook(repo, name)
     cells = ["".join(c["source"]) for c in json.loads(text)["cells"] if c["cell_type"] == "code"]
     lines = [line for cell in cells for line in cell.splitlines() if not line.lstrip().startswith(("%", "!"))]
     return "\n".join(lines) + "\n"
@@ -85,11 +106,11 @@ def warnings_in(text: str) -> set:
     return {line.strip() for line in text.splitlines() if "Warning" in line}
 
 
-def compare(name: str) -> dict:
+def compare(repo: str, name: str) -> dict:
     with tempfile.TemporaryDirectory() as folder:
         script = os.path.join(folder, f"{name}.py")
         with open(script, "w") as f:
-            f.write(notebook_code(name))
+            f.write(notebook_code(repo, name))
         runs = {v: run(script, v, folder) for v in ("equinox", "filtx")}
     a, b = (NUMBER.findall(runs[v]["out"]) for v in ("equinox", "filtx"))
     worst = 0.0 if len(a) == len(b) else float("inf")
@@ -101,11 +122,24 @@ def compare(name: str) -> dict:
     return {"name": name, "runs": runs, "numbers": (len(a), len(b)), "worst": worst, "only": only}
 
 
-def main(names: list[str]) -> int:
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--equinox-repo", default=os.environ.get("EQUINOX_REPO"),
+                        help="a clone (with a work tree or bare) of Equinox's repository; default $EQUINOX_REPO")
+    parser.add_argument("names", nargs="*", default=list(EXAMPLES), help=f"examples (default: {' '.join(EXAMPLES)})")
+    options = parser.parse_args(argv)
+    repo = options.equinox_repo
+    if not repo:
+        print("No Equinox repository given (--equinox-repo PATH or EQUINOX_REPO=PATH).\n" + HOW_TO_GET, file=sys.stderr)
+        return 2
+    if not os.path.isdir(repo):
+        print(f"{repo} is no folder.\n" + HOW_TO_GET, file=sys.stderr)
+        return 2
+    names = options.names
     failed = 0
     print(f"{'example':<14} {'equinox':>14} {'filtx':>14} {'numbers':>9} {'max rel diff':>13} {'extra warnings':>15}")
     for name in names:
-        r = compare(name)
+        r = compare(repo, name)
         e, x = r["runs"]["equinox"], r["runs"]["filtx"]
         ok = e["code"] == 0 and x["code"] == 0 and r["worst"] <= RTOL
         failed += not ok
@@ -122,4 +156,4 @@ def main(names: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:] or list(EXAMPLES)))
+    sys.exit(main(sys.argv[1:]))

@@ -1,10 +1,14 @@
 """Compare a peer suite's unpatched and patched junit results.
 
 Usage: python compare.py UNPATCHED.xml PATCHED.xml
-Prints the counts of each run and every test that passes unpatched but not
-patched, with the first lines of its failure.
+Prints the counts of each run (passed, failed, error, skipped: pytest's junit
+outcomes) and every test that passes unpatched but not patched, with the first
+lines of its failure ("missing": absent from the patched run), then those that
+pass patched only. A run with no junit file (killed at LIMIT, or pytest
+crashed) is reported as such: see its log.
 """
 
+import os
 import sys
 import xml.etree.ElementTree as ET
 
@@ -32,6 +36,11 @@ def counts(result):
 
 
 def main(unpatched_path, patched_path):
+    absent = [p for p in (unpatched_path, patched_path) if not os.path.exists(p)]
+    for path in absent:
+        print(f"no results: {path} was not written (run killed or crashed; see the .log beside it)")
+    if absent:
+        return 1
     before, after = outcomes(unpatched_path), outcomes(patched_path)
     print(f"unpatched: {counts(before)}")
     print(f"patched:   {counts(after)}")
@@ -48,4 +57,6 @@ def main(unpatched_path, patched_path):
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    if len(sys.argv) != 3:
+        sys.exit(__doc__)
+    sys.exit(main(*sys.argv[1:3]))
