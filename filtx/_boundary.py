@@ -30,6 +30,7 @@ from ._donation import check_donations, hide_jax_warning, out_avals_of
 from ._eqx_errors import MARKER, note_trace
 from ._explain import CallSignature, explain_new_avals, explain_new_entry, explaining
 from ._gather import first_positions, getter
+from ._layout import Layout, make as make_layout
 from ._plan import Plan, canonical_plan, static_types_of
 from ._resolve import LeafResolver
 from ._reuse import Records, passed_candidates, slotted, spliced_leaves
@@ -54,6 +55,7 @@ class Split(NamedTuple):
     pattern: tuple | None  # the sharing pattern over `dynamic`, or None
     root: tuple  # (fun, args, kwargs), the arguments bound to the function's positions
     checked: bool = True  # donated buffers checked for aliasing here (else JAX's runtime refuses it)
+    reused: Any = None  # the records the arguments' leaves were taken from (see _reuse), or None
 
 
 class Entry:
@@ -107,7 +109,7 @@ class Boundary:
 
     def __init__(
         self, resolver: LeafResolver, share: bool, name: str = "fun", unhashable_statics: bool = False,
-        runtime_refuses_aliasing: bool = False,
+        runtime_refuses_aliasing: bool = False, layouts: bool = False,
     ):
         self.resolver = resolver
         self.share = share
@@ -120,6 +122,9 @@ class Boundary:
         self.last_signature: CallSignature | None = None
         self.records = Records()  # objects this boundary's transform returned (see _reuse)
         self.slots: dict = {}  # flattened remainder's structure -> where reused arguments go
+        self.layouts = layouts  # calls laid out as the last ones skip the split (see _layout)
+        self.layout: Layout | None = None
+        self.last_plan: Plan | None = None
         register(self)
 
     def split(self, fun: Any, args: tuple, kwargs: dict, check_buffers: bool = False, reuse: bool = False) -> Split:
@@ -133,9 +138,11 @@ class Boundary:
         reused = reuse and self.records and slotted(self.records, args)
         if reused:
             leaves, key, types = self._reused_leaves(fun, args, kwargs, reused)
+            reused = reused[1]
         else:
             leaves, key = jax.tree_util.tree_flatten((fun, args, kwargs))
             types = tuple(map(type, leaves))
+            reused = None
         plan = self.plans.get((key, types))
         if plan is None:
             plan = self._new_plan(fun, args, kwargs, key, types)
@@ -153,19 +160,16 @@ class Boundary:
                 not (check_buffers or self.share or plan.aliased)
                 and self.runtime_refuses_aliasing
                 and len(set(map(id, dynamic))) == len(dynamic)
-                and _share.single_device_call(
-                    list(compress(dynamic, plan.donate_mask)),
-                    compress(compress(types, plan.dynamic_mask), plan.donate_mask),
-                )
+                and _share.single_device_call(plan.donated(dynamic))
             ):
                 # One device, no object twice: JAX's runtime refuses distinct array
                 # objects over one buffer before running, and dispatch splits again.
-                return Split(plan, statics, dynamic, None, (fun, args, kwargs), False)
+                return Split(plan, statics, dynamic, None, (fun, args, kwargs), False, reused)
             else:
                 return self._donation_split(plan, statics, dynamic, (fun, args, kwargs))
         if self.share:
             pattern = _share.shared_pattern(list(map(id, dynamic)), plan.axes)
-        return Split(plan, statics, dynamic, pattern, (fun, args, kwargs))
+        return Split(plan, statics, dynamic, pattern, (fun, args, kwargs), True, reused)
 
     def _donation_split(self, plan: Plan, statics: tuple, dynamic: list, root: tuple) -> Split:
         """A donated buffer standing at several positions (as one object, or as
@@ -206,7 +210,18 @@ class Boundary:
         """`(entry, unique dynamic values, split)` for one call. The hot path.
 
         `build(split)` makes an `Entry` on a cache miss; `reuse`: see `split`.
+        A call laid out as the last ones takes its split from their layout.
         """
+        layout = self.layout
+        if layout is not None and not kwargs and not check_buffers and reuse is layout.reuse:
+            dynamic = layout.take(fun, args, self.records.items)
+            if dynamic is not None:
+                plan = layout.plan
+                if not plan.any_donated:
+                    return layout.entry, dynamic, Split(plan, layout.statics, dynamic, None, (fun, args, kwargs))
+                split = self._laid_out(plan, layout.statics, dynamic, (fun, args, kwargs))
+                if split is not None:
+                    return layout.entry, dynamic, split
         split = self.split(fun, args, kwargs, check_buffers, reuse)
         plan = split.plan
         try:
@@ -222,7 +237,23 @@ class Boundary:
                 raise unhashable_static_error(split.root, plan.static_mask) from None
             entry = build(split)
         dynamic = split.dynamic if entry.take is None else list(entry.take(split.dynamic))
+        if self.layouts and not kwargs:
+            if plan is self.last_plan and (layout is None or layout.plan is not plan or layout.entry is not entry):
+                self.layout = make_layout(fun, args, split.reused, split, entry, reuse)
+            self.last_plan = plan
         return entry, dynamic, split
+
+    def _laid_out(self, plan: Plan, statics: tuple, dynamic: list, root: tuple) -> Split | None:
+        """The split of a donating call its layout laid out, or None where donation
+        needs the full path's checks (another trace, aliased or sharded buffers)."""
+        if (
+            plan.aliased
+            or not top_level()
+            or len(set(map(id, dynamic))) != len(dynamic)
+            or not _share.single_device_call(plan.donated(dynamic))
+        ):
+            return None
+        return Split(plan, statics, dynamic, None, root, False)
 
     def _explain(self, split: Split) -> None:
         plan = split.plan
@@ -235,6 +266,7 @@ class Boundary:
             self.plans.clear()
             self.canonical.clear()
             self.slots.clear()
+            self.layout = self.last_plan = None
         self.records.clear()
 
 

@@ -9,7 +9,7 @@ from typing import Any, Literal, ParamSpec, TypeVar, overload
 import jax
 
 from ._boundary import Boundary, Entry, Split, flat_function, top_level, unique_paths
-from ._reuse import enabled as reuse_enabled
+from ._reuse import _enabled as reuse_switch
 from ._gather import first_positions
 from ._out_specs import OutAxes
 from ._lowering import AheadOfTime, lowering
@@ -54,21 +54,20 @@ class _JitWrapper(AheadOfTime, Wrapper):
             fun, mode=mode, specs=specs, placement=placement, placements=in_shardings, fun_donates=fun_donates(fun)
         )
         self._boundary = self._shared(
-            lambda: Boundary(resolver, share, self.name, runtime_refuses_aliasing=True)
+            lambda: Boundary(resolver, share, self.name, runtime_refuses_aliasing=True, layouts=not share)
         )
         self._recheck = functools.partial(self._boundary.prepare, build=self._build, check_buffers=True)
 
     def __call__(self, /, *args, **kwargs):
-        entry, dynamic, split = self._boundary.prepare(
-            self._fun, args, kwargs, self._build, False, self._reuse and reuse_enabled()
-        )
+        reuse = self._reuse and reuse_switch[0]
+        entry, dynamic, split = self._boundary.prepare(self._fun, args, kwargs, self._build, False, reuse)
         try:
             arrays, carrier = dispatch(entry.call, dynamic, split, entry, self._recheck)
         except RuntimeError as e:  # free on success (zero-cost try)
             without_filtx_frames(e)
             raise
         info = carrier.info
-        if info.slots and self._reuse and reuse_enabled() and top_level():
+        if info.slots and reuse and top_level():
             return info.build_recording(arrays, self._boundary.records)
         return info.build(arrays)
 

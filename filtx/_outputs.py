@@ -21,6 +21,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
+from ._builder import make_builder
 from ._errors import (
     check_no_generator,
     check_returned_statics,
@@ -40,10 +41,13 @@ class OutputInfo:
     """How to rebuild one trace's output. Compared by identity: it rides in a
     treedef's aux data, where JAX may hash or compare it."""
 
-    __slots__ = ("treedef", "statics", "merge", "expand", "take", "direct", "positions", "slots", "slot_types")
+    __slots__ = (
+        "treedef", "statics", "merge", "expand", "take", "direct", "positions", "slots", "slot_types", "unflatten",
+    )
 
     def __init__(self, treedef, statics: tuple, merge, expand, take, direct: bool, positions: list):
         self.treedef = treedef
+        self.unflatten = self._first_build  # then a builder made for this structure (see _builder)
         self.positions = positions  # the leaf position of every unique array output
         self.slots = reusable_slots(treedef)  # reusable objects in the output (see _reuse)
         self.slot_types: list | None = None
@@ -54,7 +58,18 @@ class OutputInfo:
         self.direct = direct  # no statics, no sharing, flat: unflatten the arrays as they are
 
     def build(self, arrays) -> Any:
-        return self.treedef.unflatten(self.leaves(arrays))
+        return self.unflatten(self.leaves(arrays))
+
+    def _first_build(self, leaves) -> Any:
+        """The first build of this output: `treedef.unflatten`. The second makes the
+        builder the next builds use (`treedef.unflatten` where none can be made)."""
+        self.unflatten = self._second_build
+        return self.treedef.unflatten(leaves)
+
+    def _second_build(self, leaves) -> Any:
+        builder = make_builder(self.treedef, leaves) if self.treedef.num_nodes > 1 else None
+        self.unflatten = builder or self.treedef.unflatten
+        return self.unflatten(leaves)
 
     def leaves(self, arrays):
         """Every leaf of the output, in order, from the arrays JAX returned."""
@@ -69,7 +84,7 @@ class OutputInfo:
     def build_recording(self, arrays, records) -> Any:
         """`build`, and record its reusable objects in `records` (see _reuse)."""
         leaves = self.leaves(arrays)
-        out = self.treedef.unflatten(leaves)
+        out = self.unflatten(leaves)
         if self.slot_types is None:  # first build: keep the slots whose object holds those leaves
             self.slots = tuple(
                 (path, treedef, a, b) for path, treedef, a, b in self.slots

@@ -14,7 +14,7 @@ from typing import Any
 
 from ._caches import MAX_PLANS, insert_bounded
 from ._errors import callable_spec_error, call_leaf_paths
-from ._gather import first_positions, merge_getter
+from ._gather import first_positions, getter, merge_getter
 from ._resolve import Deferred
 from ._roles import Role, donate, static, traced
 
@@ -32,7 +32,7 @@ class Plan:
     __slots__ = (
         "treedef", "rules", "with_axes", "canonical", "entries", "deferred", "variants",
         "static_mask", "dynamic_mask", "roles", "donate_mask", "kept_mask", "any_donated",
-        "axes", "merge", "lock", "static_types", "_undonated", "aliased", "candidates", "__weakref__",
+        "axes", "merge", "lock", "static_types", "_undonated", "aliased", "candidates", "donated", "__weakref__",
     )
 
     def __init__(self, treedef, rules: list, with_axes: bool, canonical: dict, static_types: tuple = ()):
@@ -57,6 +57,7 @@ class Plan:
         self.donate_mask = tuple(r is donate for r in self.roles)
         self.kept_mask = tuple(r is not donate for r in self.roles)
         self.any_donated = any(self.donate_mask)
+        self.donated = getter(i for i, d in enumerate(self.donate_mask) if d)  # dynamic leaves -> the donated ones
         self.axes = tuple(a for _, a in dynamic_rules) if with_axes else None
         self.merge = merge_getter(self.static_mask)
 

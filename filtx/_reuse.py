@@ -103,15 +103,17 @@ class Records:
     def remember(self, obj: Any, treedef, leaves: list, types: tuple) -> None:
         key = id(obj)
         items = self.items
-
-        def forget(_ref, key=key, items=items):
-            items.pop(key, None)
-
-        record = Record(weakref.ref(obj, forget), treedef, leaves, types)
+        record = Record(weakref.KeyedRef(obj, self._forget, key), treedef, leaves, types)
         with self.lock:
             while len(items) >= MAX_RECORDS:
                 items.pop(next(iter(items)), None)
             items[key] = record
+
+    def _forget(self, ref) -> None:
+        """A recorded object died: its record goes (unless another took its id)."""
+        record = self.items.get(ref.key)
+        if record is not None and record.ref is ref:
+            self.items.pop(ref.key, None)
 
     def clear(self) -> None:
         with self.lock:

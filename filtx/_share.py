@@ -8,8 +8,8 @@ when a donated buffer is aliased (JAX rejects donating one buffer twice).
 
 from __future__ import annotations
 
-from itertools import compress, repeat
-from operator import attrgetter, is_, methodcaller
+from itertools import compress
+from operator import attrgetter, methodcaller
 from typing import Any
 
 import jax
@@ -44,7 +44,7 @@ _buffer_pointer = methodcaller("unsafe_buffer_pointer")
 _single_device_process: list = []
 
 
-def single_device_call(donated: list, types) -> bool:
+def single_device_call(donated: tuple) -> bool:
     """Whether the donated buffers of this call stand on one device each, where
     JAX's runtime refuses a donation of aliased buffers cleanly, before running
     anything (over several devices XLA may crash instead): one process with one
@@ -57,7 +57,7 @@ def single_device_call(donated: list, types) -> bool:
         _single_device_process.append(jax.device_count() == 1)
     if _single_device_process[0]:
         return True
-    arrays = list(compress(donated, map(is_, types, repeat(_ARRAY))))  # NumPy arrays out (by `types`)
+    arrays = [x for x in donated if type(x) is _ARRAY]  # NumPy arrays out
     if not arrays or not any(map(_committed, arrays)):
         return True
     first = arrays[0]

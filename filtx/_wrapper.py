@@ -17,7 +17,7 @@ import jax
 from ._boundary import Entry, Split, unique_paths
 from ._caches import code_owner, is_table_attribute, shared_by_code
 from ._errors import aliased_ref_error, deleted_array_error, owned_option_error, rename_dynamic, unknown_option_error
-from ._donation import hidden_depth, show_jax_warning
+from ._donation import _hidden, show_jax_warning
 from ._eqx_errors import equinox_runtime_error
 from ._roles import is_ref
 from ._share import any_deleted, refused_aliasing
@@ -239,7 +239,7 @@ def dispatch(call: Callable, dynamic: list, split: Split, entry: Entry, recheck:
     `recheck(fun, args, kwargs) -> (entry, dynamic, split)`, and called again."""
     if entry.refuse_deleted and any_deleted(dynamic):
         raise deleted_array_error(split.root)
-    depth = hidden_depth()
+    depth = _hidden.depth
     try:
         return call(*dynamic)
     except Exception as e:
@@ -266,5 +266,5 @@ def dispatch(call: Callable, dynamic: list, split: Split, entry: Entry, recheck:
         rename_dynamic(e, paths)
         raise
     finally:
-        if hidden_depth() != depth:  # this call compiled a donating computation
+        if _hidden.depth != depth:  # this call compiled a donating computation
             show_jax_warning(depth)

@@ -27,6 +27,8 @@ SECTIONS = (
     "## filter_pmap",
     "## Shared leaves",
     "## Flax NNX as a peer",
+    "## Sharded training",
+    "## First call of a training step",
 )
 
 
@@ -81,8 +83,10 @@ def test_quick_report(tmp_path):
 
     # Every suite's groups made it into a table.
     suite_rows = [row for header, rows in parsed if header[:1] == ["group"] for row in rows]
-    for suite in ("dispatch", "vmap", "pmap", "share", "nnx"):
+    for suite in ("dispatch", "vmap", "pmap", "share", "nnx", "sharding", "first_call"):
         assert any(row[0].startswith(f"`{suite}/") for row in suite_rows), suite
+    for prefix in ("`dispatch/inference-loop-", "`first_call/transformer-", "`first_call/mlp-"):
+        assert any(row[0].startswith(prefix) for row in suite_rows), prefix
 
     # Donation: `arrays` peaks lower than `none` at the largest quick SGD size.
     donation = next(rows for header, rows in parsed if header[:3] == ["optimiser", "params MB", "mode"])
@@ -98,6 +102,8 @@ def test_quick_report(tmp_path):
     # Every image the page shows exists and is a PNG.
     images = re.findall(r"!\[[^\]]*\]\((img/[^)]+\.png)\)", markdown)
     assert len(images) >= 7, images
+    for image in ("img/adam_loop.png", "img/inference_loop.png", "img/first_call.png"):
+        assert image in images, image
     for image in images:
         data = (tmp_path / image).read_bytes()
         assert data.startswith(PNG_SIGNATURE) and len(data) > 1000, image

@@ -15,6 +15,7 @@ import pytest
 
 import filtx
 import filtx._boundary as boundary
+import filtx._layout as layout
 import filtx._reuse as reuse
 
 DEFAULT_MIN_LEAVES = reuse.MIN_LEAVES  # read before any fixture changes it
@@ -26,9 +27,16 @@ def small_models_reused(monkeypatch):
     monkeypatch.setattr(reuse, "MIN_LEAVES", 1)
 
 
+def laid_out_with(step_kinds):
+    """The number of steps of these kinds in a layout that laid out a call (see _layout)."""
+    return lambda layout: sum(1 for step in layout.steps if step[0] in step_kinds)
+
+
 @pytest.fixture
 def reused(monkeypatch):
-    """Counts the calls whose arguments were taken from records."""
+    """Counts the calls whose arguments were not flattened again: their leaves taken
+    from records (spliced in, or put in by the last calls' layout), or from an
+    object the layout checked is the one it was made with."""
     calls = []
     original = boundary.Boundary._reused_leaves
 
@@ -36,7 +44,17 @@ def reused(monkeypatch):
         calls.append(1)
         return original(self, *args)
 
+    take = layout.Layout.take
+    counted = laid_out_with((layout._RECORD, layout._SAME))
+
+    def spy_take(self, *args):
+        out = take(self, *args)
+        if out is not None and counted(self):
+            calls.append(1)
+        return out
+
     monkeypatch.setattr(boundary.Boundary, "_reused_leaves", spy)
+    monkeypatch.setattr(layout.Layout, "take", spy_take)
     return calls
 
 
@@ -151,13 +169,24 @@ def test_models_inside_an_optimiser_states_namedtuples_are_reused_too(monkeypatc
         spliced.append(len(records))
         return original(checked, root, slotted_args, records)
 
+    take = layout.Layout.take
+    records_in = laid_out_with((layout._RECORD,))
+
+    def spy_take(self, *args):
+        out = take(self, *args)
+        if out is not None:
+            spliced.append(records_in(self))
+        return out
+
     monkeypatch.setattr(boundary, "spliced_leaves", spy)
+    monkeypatch.setattr(layout.Layout, "take", spy_take)
     model, opt_state, step = make()
     f = filtx.filter_jit(step, donate="arrays")
     state = (jax.tree.map(lambda v: v + 0 if eqx.is_array(v) else v, model), jax.tree.map(lambda v: v + 0, opt_state))
     for _ in range(3):
         *state, loss = f(*state, jnp.ones((4, 3)))
-    assert spliced == [2, 2]  # the model and the momentum's tree, from the second call on
+    # The model and the momentum's tree, from the second call on (spliced, then laid out).
+    assert spliced == [2, 2]
     off = filtx.filter_jit(step, reuse_outputs=False)
     plain = (model, opt_state)
     for _ in range(3):

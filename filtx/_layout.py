@@ -1,0 +1,203 @@
+"""A call laid out as the last one: its split taken from a layout, not made again.
+
+Most loops call a compiled function with arguments laid out the same way every
+time: the same model object (an evaluation or inference loop, a GRU cell fed
+its own state), the objects the last call returned (recorded, see `_reuse`),
+fresh arrays of the same types, the same static values. After two calls in a
+row split into the same plan, the boundary keeps a `Layout`: for every
+argument, the check that it is laid out as before, and where its dynamic
+leaves go in the last call's list of dynamic leaves. A call that passes every
+check takes that list with its own leaves put in (a few Python operations per
+argument, instead of a flatten, a splice, a plan lookup and an entry lookup);
+any other call takes the full path, and the layout is made again once the new
+one repeats. The checks:
+
+- the same object as before (`is`), where every node of it is immutable (an
+  Equinox Module): its leaves are the ones the layout holds. The object is
+  held weakly; once it dies the layout lets go of its leaves and lays out no
+  more calls;
+- a recorded object (returned by the last call) of the same structure and leaf
+  types: its leaves come from its record, its static leaves must be the very
+  objects the layout was made with;
+- an array of the same type: it is the dynamic leaf at its place;
+- a static Python value (`None`, a bool, int, float, str) equal to before, of
+  the same type;
+- a tuple or namedtuple of the same type and length, whose items pass these.
+
+Anything else (a dict or list, a number marked traced, callable specs, shared
+leaves) makes no layout: those calls always take the full path. A layout keeps
+no argument alive: what each call puts in anew (its arrays, recorded objects'
+leaves) is not kept, and objects checked by identity are held weakly.
+"""
+
+from __future__ import annotations
+
+import weakref
+from operator import is_
+from typing import Any
+
+import jax
+
+from ._gather import getter
+from ._reuse import immutable_node_type
+from ._roles import is_array
+
+__all__: list[str] = []
+
+_SAME, _LEAF, _EQUAL, _RECORD, _NODE = range(5)
+_EQUAL_TYPES = (type(None), bool, int, float, str)
+MAX_DEPTH = 3
+MAX_WIDTH = 16
+
+
+class Layout:
+    """How the last call was laid out; `take` lays a call out the same way or says None."""
+
+    __slots__ = ("fun", "nargs", "reuse", "steps", "template", "statics", "plan", "entry", "__weakref__")
+
+    def __init__(self, fun, nargs, reuse, steps, template, statics, plan, entry):
+        self.fun = fun  # a weak reference
+        self.nargs = nargs
+        self.reuse = reuse
+        self.steps = steps
+        self.template = template
+        self.statics = statics
+        self.plan = plan
+        self.entry = entry
+
+    def forget(self, _ref=None) -> None:
+        """An object the layout checks for died: the layout lays out nothing more,
+        and lets go of that object's leaves."""
+        self.template = None
+        self.steps = ()
+
+    def take(self, fun: Any, args: tuple, records: dict) -> list | None:
+        """The dynamic leaves of this call, if it is laid out as the layout says."""
+        template = self.template
+        if template is None or fun is not self.fun() or len(args) != self.nargs:
+            return None
+        dynamic = template.copy()
+        for step in self.steps:
+            kind, path = step[0], step[1]
+            x = args
+            for i in path:
+                x = x[i]
+            if kind is _LEAF:
+                if type(x) is not step[2]:
+                    return None
+                dynamic[step[3]] = x
+            elif kind is _SAME:
+                if x is not step[2]():
+                    return None
+            elif kind is _RECORD:
+                record = records.get(id(x))
+                if record is None or record.ref() is not x or record.treedef is not step[2] or record.types is not step[3]:
+                    return None
+                leaves = record.leaves
+                if step[6] is not None and not all(map(is_, step[6](leaves), step[7])):
+                    return None  # other static leaves: another entry
+                dynamic[step[4]:step[4] + step[5]] = step[8](leaves)
+            elif kind is _NODE:
+                if type(x) is not step[2] or len(x) != step[3]:
+                    return None
+            elif type(x) is not step[2] or x != step[3]:  # _EQUAL
+                return None
+        return dynamic
+
+
+def make(fun: Any, args: tuple, reused: list | None, split, entry, reuse: bool) -> Layout | None:
+    """The layout of this call (split into `split`, dispatched to `entry`), or None
+    where the call is laid out in a way a layout cannot check. `reused` are the
+    records its arguments were taken from, in flattening order."""
+    plan = split.plan
+    if split.pattern is not None or entry.take is not None or plan.deferred is not None:
+        return None
+    if not getattr(type(fun), "__weakrefoffset__", 0):
+        return None
+    recorded = {id(r.ref()): r for r in reused or ()}
+    steps: list = []
+    cursor = [len(jax.tree_util.tree_leaves(fun))]  # the flat position of the next leaf
+    dynamic_before = _dynamic_before(plan.dynamic_mask)
+    template = list(split.dynamic)
+    for i, arg in enumerate(args):
+        if not _lay_out(arg, (i,), recorded, steps, cursor, plan, dynamic_before, MAX_DEPTH):
+            return None
+    if cursor[0] != len(plan.dynamic_mask):
+        return None  # leaves the layout did not account for
+    for step in steps:  # what every call puts in anew: the layout keeps none of it alive
+        if step[0] is _LEAF:
+            template[step[3]] = None
+        elif step[0] is _RECORD:
+            template[step[4]:step[4] + step[5]] = [None] * step[5]
+    layout = Layout(weakref.ref(fun), len(args), reuse, (), template, split.statics, plan, entry)
+    held = []  # the objects checked by identity, held weakly; one dying ends the layout
+    for step in steps:
+        if step[0] is _SAME:
+            step = (_SAME, step[1], weakref.ref(step[2], layout.forget))
+        held.append(step)
+    layout.steps = tuple(held)
+    return layout
+
+
+def _dynamic_before(mask: tuple) -> list:
+    """For every flat position, how many dynamic leaves come before it."""
+    out, n = [], 0
+    for dynamic in mask:
+        out.append(n)
+        n += dynamic
+    out.append(n)
+    return out
+
+
+def _lay_out(x, path, recorded, steps, cursor, plan, before, depth) -> bool:
+    start = cursor[0]
+    record = recorded.get(id(x))
+    if record is not None and record.ref() is x:
+        n = len(record.leaves)
+        static_idx = [j for j in range(n) if plan.static_mask[start + j]]
+        dynamic_idx = [j for j in range(n) if not plan.static_mask[start + j]]
+        statics = tuple(record.leaves[j] for j in static_idx)
+        steps.append((
+            _RECORD, path, record.treedef, record.types, before[start], len(dynamic_idx),
+            getter(static_idx) if static_idx else None, statics, getter(dynamic_idx),
+        ))
+        cursor[0] = start + n
+        return True
+    if type(x) in _EQUAL_TYPES:
+        n = 0 if x is None else 1
+        if n and not plan.static_mask[start]:
+            return False  # a traced number: its value is dynamic
+        steps.append((_EQUAL, path, type(x), x))
+        cursor[0] = start + n
+        return True
+    if is_array(x) and not isinstance(x, jax.core.Tracer):
+        if plan.static_mask[start]:
+            return False
+        steps.append((_LEAF, path, type(x), before[start]))
+        cursor[0] = start + 1
+        return True
+    if isinstance(x, tuple) and depth and len(x) <= MAX_WIDTH and _is_tuple_node(type(x)):
+        steps.append((_NODE, path, type(x), len(x)))
+        for j, item in enumerate(x):
+            if not _lay_out(item, path + (j,), recorded, steps, cursor, plan, before, depth - 1):
+                return False
+        return True
+    leaves, treedef = jax.tree_util.tree_flatten(x)
+    if not _immutable(treedef) or any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):
+        return False
+    if not getattr(type(x), "__weakrefoffset__", 0):
+        return False  # held weakly, or not at all
+    steps.append((_SAME, path, x))
+    cursor[0] = start + len(leaves)
+    return True
+
+
+def _is_tuple_node(t: type) -> bool:
+    return t is tuple or (issubclass(t, tuple) and hasattr(t, "_fields"))
+
+
+def _immutable(treedef) -> bool:
+    data = treedef.node_data()
+    if data is None:
+        return True
+    return immutable_node_type(data[0]) and all(_immutable(c) for c in treedef.children())

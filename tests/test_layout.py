@@ -1,0 +1,141 @@
+"""Calls laid out as the last ones take their split from a layout (see
+`filtx/_layout.py`): the results are the full path's, whatever changes between
+calls, and a layout keeps no argument alive."""
+
+import gc
+import weakref
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import filtx
+import filtx._layout as layout
+
+from _helpers import budget, counting
+
+
+def full_path_only(wrapper):
+    """The wrapper with layouts off: every call takes the full path."""
+    wrapper._boundary.layouts = False
+    wrapper._boundary.layout = None
+    return wrapper
+
+
+@pytest.fixture
+def takes(monkeypatch):
+    """Counts the calls a layout laid out."""
+    calls = []
+    original = layout.Layout.take
+
+    def spy(self, *args):
+        out = original(self, *args)
+        calls.append(out is not None)
+        return out
+
+    monkeypatch.setattr(layout.Layout, "take", spy)
+    return calls
+
+
+def test_a_rollout_is_laid_out_from_its_third_call(takes):
+    cell = eqx.nn.GRUCell(4, 8, key=jax.random.PRNGKey(0))
+    step = counting(lambda cell, x, h: cell(x, h))
+    f = filtx.filter_jit(step)
+    h, x = jnp.zeros(8), jnp.ones(4)
+    expected = h
+    for _ in range(6):
+        h = f(cell, x, h)
+        expected = cell(x, expected)
+    np.testing.assert_allclose(np.asarray(h), np.asarray(expected), rtol=1e-5)
+    assert takes == [True] * 4 and step.traces == 1
+
+
+def test_what_changes_between_calls_takes_the_full_path_with_its_own_result(takes):
+    f = filtx.filter_jit(lambda model, x, n: model["w"] * x * n)
+    model = {"w": jnp.arange(3.0)}  # a dict: checked by no layout, flattened every call
+    tup = (jnp.arange(3.0), 2.0)
+    g = filtx.filter_jit(lambda t, x, n: t[0] * x * n * t[1])
+    for x, n in [(jnp.ones(3), 2), (jnp.ones(3), 2), (jnp.ones(3), 3), (np.ones(3, np.float32), 3), (jnp.ones(3), 2.0)]:
+        np.testing.assert_array_equal(f(model, x, n), np.arange(3.0) * n)
+        np.testing.assert_array_equal(g(tup, x, n), np.arange(3.0) * n * 2)
+    # The static value, the array's type and the number's type each changed: each of
+    # those calls took the full path, with its own result (above).
+    assert f._boundary.layout is None  # a dict argument: no layout
+    # g's calls: a layout from the second call on; each later call changed one thing,
+    # so the layout refused each (and was made again): no call was laid out wrongly.
+    assert g._boundary.layout is not None and takes == [False, False, False]
+
+
+def test_a_layout_keeps_no_argument_alive():
+    cell = eqx.nn.GRUCell(4, 8, key=jax.random.PRNGKey(0))
+    f = filtx.filter_jit(lambda cell, x, h: cell(x, h))
+    h, x = jnp.zeros(8), jnp.ones(4)
+    for _ in range(4):
+        h = f(cell, x, h)
+    assert f._boundary.layout is not None
+    dead_x, dead_cell, dead_weight = weakref.ref(x), weakref.ref(cell), weakref.ref(cell.weight_ih)
+    del x, cell, h
+    gc.collect()
+    assert dead_x() is None and dead_cell() is None and dead_weight() is None
+    assert f._boundary.layout.template is None  # the cell died: the layout let go and lays out no more
+
+
+def test_donating_calls_laid_out_donate_and_refuse_aliased_or_deleted_arrays(takes):
+    f = filtx.filter_jit(lambda w, x: w + x, donate="arrays")
+    w = jnp.zeros(3)
+    for _ in range(4):
+        old, w = w, f(w, jnp.ones(3))
+        assert old.is_deleted()
+    assert any(takes)
+    np.testing.assert_array_equal(w, 4.0)
+    same = jnp.ones(3)
+    np.testing.assert_array_equal(f(same, same), 2.0)  # one buffer twice: the full path merges it
+    with pytest.raises(RuntimeError, match=r"args\[0\].*donated"):
+        f(old, jnp.ones(3))
+
+
+class Params(eqx.Module):
+    w: jax.Array
+    b: jax.Array
+    act: object = eqx.field(static=True)
+
+
+def params(seed: int, act=jnp.tanh):
+    return Params(jnp.full((3,), float(seed)), jnp.arange(3.0) + seed, act)
+
+
+@st.composite
+def calls(draw):
+    """Calls of one function: the same or new Params objects, tuples of them,
+    arrays of NumPy or JAX type, static numbers that change now and then."""
+    pool = [params(i) for i in range(draw(st.integers(1, 3)))]
+    out = []
+    for _ in range(draw(st.integers(2, 10))):
+        pick = draw(st.integers(0, len(pool)))
+        first = pool[pick] if pick < len(pool) else params(draw(st.integers(0, 9)), draw(st.sampled_from([jnp.tanh, jnp.sin])))
+        second = (first, pool[0]) if draw(st.booleans()) else (pool[0], first)
+        x = jnp.full((3,), float(draw(st.integers(0, 3))))
+        x = np.asarray(x) if draw(st.booleans()) else x
+        n = draw(st.sampled_from([1, 2, 2.0]))
+        out.append((first, second, x, n))
+    return out
+
+
+def body(first, pair, x, n):
+    a, b = pair
+    return first.act(first.w * x) * n + a.b - b.w * 2, (type(n).__name__, first.act.__name__)
+
+
+@budget(40)
+@given(calls())
+def test_laid_out_calls_give_what_the_full_path_gives(sequence):
+    laid = filtx.filter_jit(lambda *args: body(*args))
+    full = full_path_only(filtx.filter_jit(lambda *args: body(*args)))
+    for args in sequence:
+        (a, sa), (b, sb) = laid(*args), full(*args)
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        assert sa == sb
