@@ -160,7 +160,7 @@ class Boundary:
                 not (check_buffers or self.share or plan.aliased)
                 and self.runtime_refuses_aliasing
                 and len(set(map(id, dynamic))) == len(dynamic)
-                and _share.single_device_call(plan.donated(dynamic))
+                and _share.single_device_call(plan.donated, dynamic)
             ):
                 # One device, no object twice: JAX's runtime refuses distinct array
                 # objects over one buffer before running, and dispatch splits again.
@@ -250,7 +250,7 @@ class Boundary:
             plan.aliased
             or not top_level()
             or len(set(map(id, dynamic))) != len(dynamic)
-            or not _share.single_device_call(plan.donated(dynamic))
+            or not _share.single_device_call(plan.donated, dynamic)
         ):
             return None
         return Split(plan, statics, dynamic, None, root, False)

@@ -33,8 +33,7 @@ leaves) is not kept, and objects checked by identity are held weakly.
 from __future__ import annotations
 
 import weakref
-from operator import is_
-from typing import Any
+from typing import Any, Callable
 
 import jax
 
@@ -51,58 +50,76 @@ MAX_WIDTH = 16
 
 
 class Layout:
-    """How the last call was laid out; `take` lays a call out the same way or says None."""
+    """How the last call was laid out. `take(fun, args, records)` lays a call out
+    the same way (its dynamic leaves) or says None: a function written for this
+    layout, its steps as straight-line checks (see `_take_function`)."""
 
-    __slots__ = ("fun", "nargs", "reuse", "steps", "template", "statics", "plan", "entry", "__weakref__")
+    __slots__ = ("reuse", "steps", "template", "statics", "plan", "entry", "take", "__weakref__")
 
-    def __init__(self, fun, nargs, reuse, steps, template, statics, plan, entry):
-        self.fun = fun  # a weak reference
-        self.nargs = nargs
+    def __init__(self, reuse, statics, plan, entry):
         self.reuse = reuse
-        self.steps = steps
-        self.template = template
+        self.steps: tuple = ()
+        self.template: list | None = None
         self.statics = statics
         self.plan = plan
         self.entry = entry
+        self.take = _refuse
 
     def forget(self, _ref=None) -> None:
         """An object the layout checks for died: the layout lays out nothing more,
         and lets go of that object's leaves."""
+        self.take = _refuse
         self.template = None
         self.steps = ()
 
-    def take(self, fun: Any, args: tuple, records: dict) -> list | None:
-        """The dynamic leaves of this call, if it is laid out as the layout says."""
-        template = self.template
-        if template is None or fun is not self.fun() or len(args) != self.nargs:
-            return None
-        dynamic = template.copy()
-        for step in self.steps:
-            kind, path = step[0], step[1]
-            x = args
-            for i in path:
-                x = x[i]
-            if kind is _LEAF:
-                if type(x) is not step[2]:
-                    return None
-                dynamic[step[3]] = x
-            elif kind is _SAME:
-                if x is not step[2]():
-                    return None
-            elif kind is _RECORD:
-                record = records.get(id(x))
-                if record is None or record.ref() is not x or record.treedef is not step[2] or record.types is not step[3]:
-                    return None
-                leaves = record.leaves
-                if step[6] is not None and not all(map(is_, step[6](leaves), step[7])):
-                    return None  # other static leaves: another entry
-                dynamic[step[4]:step[4] + step[5]] = step[8](leaves)
-            elif kind is _NODE:
-                if type(x) is not step[2] or len(x) != step[3]:
-                    return None
-            elif type(x) is not step[2] or x != step[3]:  # _EQUAL
-                return None
-        return dynamic
+
+def _refuse(fun: Any, args: tuple, records: dict) -> None:
+    return None
+
+
+def _take_function(fun_ref, nargs: int, steps: tuple, template: list) -> Callable:
+    """`take(fun, args, records) -> dynamic leaves | None`, written out for these
+    steps: each argument reached by indexing, checked and put in place, with no
+    loop over the steps and no step tuples read per call."""
+    names: dict = {"FUN": fun_ref, "TEMPLATE": template, "id": id, "type": type, "len": len}
+
+    def name_for(value: Any) -> str:
+        key = f"_k{len(names)}"
+        names[key] = value
+        return key
+
+    lines = [f"if fun is not FUN() or len(args) != {nargs}: return None", "d = TEMPLATE.copy()"]
+    for step in steps:
+        kind, path = step[0], step[1]
+        var = "a_" + "_".join(map(str, path))
+        parent = "args" if len(path) == 1 else "a_" + "_".join(map(str, path[:-1]))
+        lines.append(f"{var} = {parent}[{path[-1]}]")
+        if kind is _LEAF:
+            lines += [f"if type({var}) is not {name_for(step[2])}: return None", f"d[{step[3]}] = {var}"]
+        elif kind is _SAME:
+            lines.append(f"if {var} is not {name_for(step[2])}(): return None")
+        elif kind is _RECORD:
+            _, _, treedef, types, at, n, static_idx, statics, dynamic_idx = step
+            lines += [
+                f"r = records.get(id({var}))",
+                f"if r is None or r() is not {var} or r.treedef is not {name_for(treedef)}"
+                f" or r.types is not {name_for(types)}: return None",
+                "lv = r.leaves",
+            ]
+            if static_idx:  # other static leaves: another entry
+                checks = " or ".join(f"lv[{j}] is not {name_for(x)}" for j, x in zip(static_idx, statics))
+                lines.append(f"if {checks}: return None")
+            if dynamic_idx == list(range(len(dynamic_idx))) and not static_idx:
+                lines.append(f"d[{at}:{at + n}] = lv")
+            else:
+                lines.append(f"d[{at}:{at + n}] = {name_for(getter(dynamic_idx))}(lv)")
+        elif kind is _NODE:
+            lines.append(f"if type({var}) is not {name_for(step[2])} or len({var}) != {step[3]}: return None")
+        else:  # _EQUAL
+            lines.append(f"if type({var}) is not {name_for(step[2])} or {var} != {name_for(step[3])}: return None")
+    source = "def take(fun, args, records):\n" + "".join(f"    {line}\n" for line in lines) + "    return d\n"
+    exec(compile(source, "<filtx layout>", "exec"), names)
+    return names["take"]
 
 
 def make(fun: Any, args: tuple, reused: list | None, split, entry, reuse: bool) -> Layout | None:
@@ -114,7 +131,7 @@ def make(fun: Any, args: tuple, reused: list | None, split, entry, reuse: bool) 
         return None
     if not getattr(type(fun), "__weakrefoffset__", 0):
         return None
-    recorded = {id(r.ref()): r for r in reused or ()}
+    recorded = {id(r()): r for r in reused or ()}
     steps: list = []
     cursor = [len(jax.tree_util.tree_leaves(fun))]  # the flat position of the next leaf
     dynamic_before = _dynamic_before(plan.dynamic_mask)
@@ -129,13 +146,15 @@ def make(fun: Any, args: tuple, reused: list | None, split, entry, reuse: bool) 
             template[step[3]] = None
         elif step[0] is _RECORD:
             template[step[4]:step[4] + step[5]] = [None] * step[5]
-    layout = Layout(weakref.ref(fun), len(args), reuse, (), template, split.statics, plan, entry)
+    layout = Layout(reuse, split.statics, plan, entry)
     held = []  # the objects checked by identity, held weakly; one dying ends the layout
     for step in steps:
         if step[0] is _SAME:
             step = (_SAME, step[1], weakref.ref(step[2], layout.forget))
         held.append(step)
     layout.steps = tuple(held)
+    layout.template = template
+    layout.take = _take_function(weakref.ref(fun), len(args), layout.steps, template)
     return layout
 
 
@@ -152,14 +171,14 @@ def _dynamic_before(mask: tuple) -> list:
 def _lay_out(x, path, recorded, steps, cursor, plan, before, depth) -> bool:
     start = cursor[0]
     record = recorded.get(id(x))
-    if record is not None and record.ref() is x:
+    if record is not None and record() is x:
         n = len(record.leaves)
         static_idx = [j for j in range(n) if plan.static_mask[start + j]]
         dynamic_idx = [j for j in range(n) if not plan.static_mask[start + j]]
         statics = tuple(record.leaves[j] for j in static_idx)
         steps.append((
             _RECORD, path, record.treedef, record.types, before[start], len(dynamic_idx),
-            getter(static_idx) if static_idx else None, statics, getter(dynamic_idx),
+            static_idx, statics, dynamic_idx,
         ))
         cursor[0] = start + n
         return True

@@ -79,14 +79,20 @@ def enabled() -> bool:
     return _enabled[0]
 
 
-class Record:
-    __slots__ = ("ref", "treedef", "leaves", "types")
+class Record(weakref.ref):
+    """A weak reference to a recorded object, holding what it flattened to. One
+    object per record, made at C speed: a call records its outputs every time."""
 
-    def __init__(self, ref, treedef, leaves: list, types: tuple):
-        self.ref = ref
-        self.treedef = treedef
-        self.leaves = leaves
-        self.types = types
+    __slots__ = ("key", "treedef", "leaves", "types")
+
+
+def _record(obj: Any, forget, key: int, treedef, leaves: list, types: tuple) -> Record:
+    record = Record(obj, forget)
+    record.key = key
+    record.treedef = treedef
+    record.leaves = leaves
+    record.types = types
+    return record
 
 
 class Records:
@@ -103,17 +109,16 @@ class Records:
     def remember(self, obj: Any, treedef, leaves: list, types: tuple) -> None:
         key = id(obj)
         items = self.items
-        record = Record(weakref.KeyedRef(obj, self._forget, key), treedef, leaves, types)
-        with self.lock:
-            while len(items) >= MAX_RECORDS:
-                items.pop(next(iter(items)), None)
-            items[key] = record
+        if len(items) >= MAX_RECORDS:
+            with self.lock:
+                while len(items) >= MAX_RECORDS:
+                    items.pop(next(iter(items)), None)
+        items[key] = _record(obj, self._forget, key, treedef, leaves, types)
 
-    def _forget(self, ref) -> None:
+    def _forget(self, record: Record) -> None:
         """A recorded object died: its record goes (unless another took its id)."""
-        record = self.items.get(ref.key)
-        if record is not None and record.ref is ref:
-            self.items.pop(ref.key, None)
+        if self.items.get(record.key) is record:
+            self.items.pop(record.key, None)
 
     def clear(self) -> None:
         with self.lock:
@@ -253,7 +258,7 @@ def slotted(records: Records, args: tuple) -> tuple | None:
 
 def _slotted(items: dict, obj: Any, found: list, depth: int) -> Any:
     record = items.get(id(obj))
-    if record is not None and record.ref() is obj:
+    if record is not None and record() is obj:
         found.append(record)
         return _SLOT_NODE
     if depth == 0 or not isinstance(obj, tuple) or len(obj) > MAX_WIDTH or not _is_sequence_node(type(obj)):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from itertools import compress
 from operator import attrgetter, methodcaller
-from typing import Any
+from typing import Any, Callable
 
 import jax
 from jax.sharding import SingleDeviceSharding
@@ -44,8 +44,9 @@ _buffer_pointer = methodcaller("unsafe_buffer_pointer")
 _single_device_process: list = []
 
 
-def single_device_call(donated: tuple) -> bool:
-    """Whether the donated buffers of this call stand on one device each, where
+def single_device_call(donated: Callable, dynamic: list) -> bool:
+    """Whether the donated buffers of this call (`donated(dynamic)`, picked only
+    where the process has several devices) stand on one device each, where
     JAX's runtime refuses a donation of aliased buffers cleanly, before running
     anything (over several devices XLA may crash instead): one process with one
     device; or no donated leaf committed (an uncommitted array is on the default
@@ -57,7 +58,7 @@ def single_device_call(donated: tuple) -> bool:
         _single_device_process.append(jax.device_count() == 1)
     if _single_device_process[0]:
         return True
-    arrays = [x for x in donated if type(x) is _ARRAY]  # NumPy arrays out
+    arrays = [x for x in donated(dynamic) if type(x) is _ARRAY]  # NumPy arrays out
     if not arrays or not any(map(_committed, arrays)):
         return True
     first = arrays[0]

@@ -30,14 +30,19 @@ def full_path_only(wrapper):
 def takes(monkeypatch):
     """Counts the calls a layout laid out."""
     calls = []
-    original = layout.Layout.take
+    original = layout._take_function
 
-    def spy(self, *args):
-        out = original(self, *args)
-        calls.append(out is not None)
-        return out
+    def take_function(*made_with):
+        take = original(*made_with)
 
-    monkeypatch.setattr(layout.Layout, "take", spy)
+        def spy(*args):
+            out = take(*args)
+            calls.append(out is not None)
+            return out
+
+        return spy
+
+    monkeypatch.setattr(layout, "_take_function", take_function)
     return calls
 
 

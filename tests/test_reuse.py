@@ -29,7 +29,24 @@ def small_models_reused(monkeypatch):
 
 def laid_out_with(step_kinds):
     """The number of steps of these kinds in a layout that laid out a call (see _layout)."""
-    return lambda layout: sum(1 for step in layout.steps if step[0] in step_kinds)
+    return lambda steps: sum(1 for step in steps if step[0] in step_kinds)
+
+
+def spy_on_layouts(monkeypatch, on_take):
+    """Calls `on_take(steps, dynamic)` after every layout's `take` (see _layout)."""
+    original = layout._take_function
+
+    def take_function(fun_ref, nargs, steps, template):
+        take = original(fun_ref, nargs, steps, template)
+
+        def spy(*args):
+            out = take(*args)
+            on_take(steps, out)
+            return out
+
+        return spy
+
+    monkeypatch.setattr(layout, "_take_function", take_function)
 
 
 @pytest.fixture
@@ -44,17 +61,14 @@ def reused(monkeypatch):
         calls.append(1)
         return original(self, *args)
 
-    take = layout.Layout.take
     counted = laid_out_with((layout._RECORD, layout._SAME))
 
-    def spy_take(self, *args):
-        out = take(self, *args)
-        if out is not None and counted(self):
+    def on_take(steps, out):
+        if out is not None and counted(steps):
             calls.append(1)
-        return out
 
     monkeypatch.setattr(boundary.Boundary, "_reused_leaves", spy)
-    monkeypatch.setattr(layout.Layout, "take", spy_take)
+    spy_on_layouts(monkeypatch, on_take)
     return calls
 
 
@@ -169,17 +183,14 @@ def test_models_inside_an_optimiser_states_namedtuples_are_reused_too(monkeypatc
         spliced.append(len(records))
         return original(checked, root, slotted_args, records)
 
-    take = layout.Layout.take
     records_in = laid_out_with((layout._RECORD,))
 
-    def spy_take(self, *args):
-        out = take(self, *args)
+    def on_take(steps, out):
         if out is not None:
-            spliced.append(records_in(self))
-        return out
+            spliced.append(records_in(steps))
 
     monkeypatch.setattr(boundary, "spliced_leaves", spy)
-    monkeypatch.setattr(layout.Layout, "take", spy_take)
+    spy_on_layouts(monkeypatch, on_take)
     model, opt_state, step = make()
     f = filtx.filter_jit(step, donate="arrays")
     state = (jax.tree.map(lambda v: v + 0 if eqx.is_array(v) else v, model), jax.tree.map(lambda v: v + 0, opt_state))
@@ -252,7 +263,7 @@ def test_an_output_is_recorded_only_when_its_reusable_objects_hold_min_leaves_in
     assert reuse.slotted(f._boundary.records, (a, b)) is None
     a, b = f(a, large)  # 40: both recorded
     slotted_args, found = reuse.slotted(f._boundary.records, (a, b))
-    assert len(found) == 2 and found[0].ref() is a and found[1].ref() is b
+    assert len(found) == 2 and found[0]() is a and found[1]() is b
     a2, b2 = f(a, b)
     assert reused == [1]
     np.testing.assert_allclose(np.asarray(b2.layers[0].weight), np.asarray(large.layers[0].weight) + 2)
