@@ -1,6 +1,6 @@
 """Runs every benchmark suite and writes `docs/benchmarks.md` and its plots.
 
-    python benchmarks/report.py            # the full report (about 10 minutes on 2 CPU cores)
+    python benchmarks/report.py            # the full report (about 15 minutes on 2 CPU cores)
     python benchmarks/report.py --quick    # every suite, small (under 3 minutes)
     python benchmarks/report.py --output /tmp/report   # write elsewhere than docs/
     python benchmarks/report.py --save-data run.json   # keep the figures, then
@@ -14,9 +14,12 @@ What it does:
    time per step and peak memory (`ru_maxrss`, or the device's
    `peak_bytes_in_use` on a GPU).
 2. The pytest-benchmark suites (`suites/bench_dispatch.py`, `bench_vmap.py`,
-   `bench_pmap.py`, `bench_share.py`, `bench_nnx.py`, `bench_sharding.py`) in one
-   `python -m pytest ... --benchmark-enable` subprocess whose ratios go to a
-   temporary `FILTX_BENCH_RATIOS` file, read back here.
+   `bench_pmap.py`, `bench_share.py`, `bench_nnx.py`, `bench_sharding.py`,
+   `bench_first_call.py`) in one `python -m pytest ... --benchmark-enable`
+   subprocess whose ratios go to a temporary `FILTX_BENCH_RATIOS` file, read
+   back here. With `--quick`, `FILTX_BENCH_QUICK=1` too (smaller models in
+   `bench_first_call.py`, whose full ones take seconds to compile per round;
+   fewer rounds of the dispatch suite's inference loop).
 3. `<output>/benchmarks.md`: the date, the machine and the versions, then one
    table per suite, every figure a median and a ratio against the baseline
    measured in the same run (`_support/report_pages.py`); PNG plots under
@@ -48,7 +51,7 @@ import bench_donation  # noqa: E402  (standard library only at import time)
 from _support import report_pages as pages  # noqa: E402
 from _support import report_plots as plots  # noqa: E402
 
-PYTEST_SUITES = ("dispatch", "vmap", "pmap", "share", "nnx", "sharding")
+PYTEST_SUITES = ("dispatch", "vmap", "pmap", "share", "nnx", "sharding", "first_call")
 # pytest-benchmark's calibration, shortened for --quick (pedantic tests keep
 # their own fixed rounds).
 QUICK_PYTEST_OPTIONS = ("--benchmark-max-time=0.03", "--benchmark-min-rounds=3",
@@ -119,6 +122,10 @@ def run_pytest_suites(quick: bool, workdir: str) -> dict:
     env = dict(os.environ)
     env["FILTX_BENCH_RATIOS"] = ratios_path
     env.pop("FILTX_BENCH_ASSERT", None)  # figures, not pass/fail targets
+    if quick:  # small sizes where a suite's full ones take minutes (bench_first_call.py)
+        env["FILTX_BENCH_QUICK"] = "1"
+    else:
+        env.pop("FILTX_BENCH_QUICK", None)
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                "--benchmark-enable", "--rootdir", ROOT,
                *[os.path.join(SUITES, f"bench_{s}.py") for s in PYTEST_SUITES]]
@@ -183,6 +190,7 @@ def write(data: dict, output: str) -> str:
         plots.plot_suite(suite, suites["groups"], img)
     plots.plot_fsdp_memory(suites["groups"], img)
     plots.plot_adam_loop(suites["groups"], img)
+    plots.plot_inference_loop(suites["groups"], img)
 
     now = datetime.datetime.fromisoformat(data["time"])
     lines = pages.header(now=now, quick=data["quick"], info=data["info"], device=device, gpu=gpu,

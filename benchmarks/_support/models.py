@@ -81,14 +81,18 @@ def mse_loss(model: Callable, x: jax.Array, y: jax.Array) -> jax.Array:
     return jnp.mean((jax.vmap(model)(x) - y) ** 2)
 
 
-def make_train_step(optim: optax.GradientTransformation) -> Callable:
+def make_train_step(
+    optim: optax.GradientTransformation, loss_fn: Callable | None = None
+) -> Callable:
     """An undecorated training step `(model, opt_state, x, y) -> (model, opt_state,
-    loss)` on an Equinox model: one gradient of `mse_loss` and one optimiser
-    update. Every variant of a training benchmark jits this same function, so that
-    they compile the same computation."""
+    loss)` on an Equinox model: one gradient of `loss_fn(model, x, y)` (default
+    `mse_loss`) and one optimiser update. Every variant of a training benchmark jits
+    this same function, so that they compile the same computation. Each call
+    returns a new function object (one that `jax.jit` and friends have not seen)."""
+    loss_fn = mse_loss if loss_fn is None else loss_fn
 
     def train_step(model, opt_state, x, y):
-        loss, grads = eqx.filter_value_and_grad(mse_loss)(model, x, y)
+        loss, grads = eqx.filter_value_and_grad(loss_fn)(model, x, y)
         updates, opt_state = optim.update(grads, opt_state, model)
         model = eqx.apply_updates(model, updates)
         return model, opt_state, loss
@@ -102,3 +106,94 @@ def fresh_copy(tree: Any) -> Any:
     benchmark its own buffers."""
     out = jax.tree_util.tree_map(lambda x: jnp.copy(x) if eqx.is_array(x) else x, tree)
     return jax.block_until_ready(out)
+
+
+#
+# A small transformer language model, for compile-time benchmarks
+#
+
+
+class TransformerBlock(eqx.Module):
+    """A pre-norm transformer block: causal self-attention and a two-layer MLP,
+    each added back to its input."""
+
+    attention_norm: eqx.nn.LayerNorm
+    attention: eqx.nn.MultiheadAttention
+    mlp_norm: eqx.nn.LayerNorm
+    mlp_in: eqx.nn.Linear
+    mlp_out: eqx.nn.Linear
+
+    def __init__(self, width: int, heads: int, *, key: jax.Array):
+        k_attention, k_in, k_out = jax.random.split(key, 3)
+        self.attention_norm = eqx.nn.LayerNorm(width)
+        self.attention = eqx.nn.MultiheadAttention(heads, width, key=k_attention)
+        self.mlp_norm = eqx.nn.LayerNorm(width)
+        self.mlp_in = eqx.nn.Linear(width, 4 * width, key=k_in)
+        self.mlp_out = eqx.nn.Linear(4 * width, width, key=k_out)
+
+    def __call__(self, x: jax.Array) -> jax.Array:  # (sequence, width) -> the same
+        causal = jnp.tril(jnp.ones((x.shape[0], x.shape[0]), dtype=bool))
+        h = jax.vmap(self.attention_norm)(x)
+        x = x + self.attention(h, h, h, mask=causal)
+        h = jax.vmap(self.mlp_norm)(x)
+        return x + jax.vmap(self.mlp_out)(jax.nn.gelu(jax.vmap(self.mlp_in)(h)))
+
+
+class Transformer(eqx.Module):
+    """A decoder-only transformer language model made of Equinox modules: token
+    and learned position embeddings, `layers` `TransformerBlock`s (a Python
+    loop over a tuple, unrolled when traced, as most Equinox models are written),
+    a final layer norm and a linear head to the vocabulary."""
+
+    embedding: eqx.nn.Embedding
+    position: jax.Array
+    blocks: tuple[TransformerBlock, ...]
+    norm: eqx.nn.LayerNorm
+    head: eqx.nn.Linear
+
+    def __init__(self, *, vocab: int, width: int, heads: int, layers: int, max_length: int,
+                 key: jax.Array):
+        k_embedding, k_position, k_head, *k_blocks = jax.random.split(key, layers + 3)
+        self.embedding = eqx.nn.Embedding(vocab, width, key=k_embedding)
+        self.position = 0.02 * jax.random.normal(k_position, (max_length, width))
+        self.blocks = tuple(TransformerBlock(width, heads, key=k) for k in k_blocks)
+        self.norm = eqx.nn.LayerNorm(width)
+        self.head = eqx.nn.Linear(width, vocab, key=k_head)
+
+    def __call__(self, tokens: jax.Array) -> jax.Array:  # (sequence,) ints -> (sequence, vocab)
+        x = jax.vmap(self.embedding)(tokens) + self.position[: tokens.shape[0]]
+        for block in self.blocks:
+            x = block(x)
+        return jax.vmap(self.head)(jax.vmap(self.norm)(x))
+
+
+@ft.cache
+def transformer(
+    layers: int = 12,
+    *,
+    width: int = 32,
+    heads: int = 2,
+    vocab: int = 64,
+    max_length: int = 16,
+    seed: int = 0,
+) -> Transformer:
+    """A small `Transformer` (the defaults: 12 layers of width 32 with 2 heads, a
+    vocabulary of 64, sequences of up to 16 tokens; 150 array leaves), small enough
+    that compiling its training step on a CPU takes seconds."""
+    return Transformer(vocab=vocab, width=width, heads=heads, layers=layers,
+                       max_length=max_length, key=jax.random.key(seed))
+
+
+def token_batch(
+    batch_size: int, length: int, vocab: int, *, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """A fixed random batch for next-token prediction: `(inputs, targets)`, int32
+    NumPy arrays of shape `(batch_size, length)`, `targets` the inputs shifted by one."""
+    tokens = np.random.default_rng(seed).integers(0, vocab, (batch_size, length + 1), dtype=np.int32)
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def next_token_loss(model: Callable, x: jax.Array, y: jax.Array) -> jax.Array:
+    """Mean next-token cross-entropy of a language model on inputs `x`, targets `y`."""
+    logits = jax.vmap(model)(x)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()

@@ -27,6 +27,7 @@ FORMAT = "filtx-bench-ratios"
 VERSION = 1
 ENV_PATH = "FILTX_BENCH_RATIOS"
 ENV_ASSERT = "FILTX_BENCH_ASSERT"
+ENV_QUICK = "FILTX_BENCH_QUICK"
 DEFAULT_PATH = os.path.join(".benchmarks", "filtx-ratios.json")
 
 
@@ -152,6 +153,15 @@ def timing_on(config) -> bool:
     option = lambda name: config.getoption(name, False)  # noqa: E731
     disabled = option("benchmark_disable") and not option("benchmark_enable")
     return not (disabled or option("benchmark_skip"))
+
+
+def quick() -> bool:
+    """Whether `FILTX_BENCH_QUICK=1` (set by `report.py --quick`) asks for small
+    sizes or fewer rounds. Only `bench_first_call.py` (whose full sizes take
+    minutes) and the dispatch suite's inference loop read it; the rest keep
+    their sizes and fixed rounds, and only get a shorter calibration from the
+    report."""
+    return os.environ.get(ENV_QUICK, "") in ("1", "true", "yes")
 
 
 def ratios_path(config) -> str:

@@ -18,6 +18,8 @@ SUITE_TITLES = {
     "share": "Shared leaves, `share=True` (`suites/bench_share.py`)",
     "nnx": "Flax NNX as a peer: tied layer, SGD step (`suites/bench_nnx.py`)",
     "sharding": "Sharded training on 8 virtual CPU devices (`suites/bench_sharding.py`)",
+    "first_call": "First call of a training step: trace + compile + one step "
+                  "(`suites/bench_first_call.py`)",
 }
 
 
@@ -34,6 +36,13 @@ def adam_loop_groups(groups: dict) -> dict:
     """The dispatch suite's Adam-loop groups by array leaves, in order."""
     found = {g["params"]["arrays"]: g for name, g in groups.items()
              if g.get("suite") == "dispatch" and "/adam-loop-" in name and g.get("params")}
+    return dict(sorted(found.items()))
+
+
+def inference_loop_groups(groups: dict) -> dict:
+    """The dispatch suite's inference-loop groups by array leaves, in order."""
+    found = {g["params"]["arrays"]: g for name, g in groups.items()
+             if g.get("suite") == "dispatch" and "/inference-loop-" in name and g.get("params")}
     return dict(sorted(found.items()))
 
 
@@ -155,6 +164,11 @@ def suite_section(suite: str, groups: dict, share_memory: dict | None) -> list[s
     mine = {name: g for name, g in groups.items() if g.get("suite") == suite}
     if not mine:
         return lines + ["Not measured in this run (see the failures below).", ""]
+    if suite == "first_call":
+        lines += ["Each round builds a new training step (one gradient and one Adam update, "
+                  "model and optimiser state donated), a function no cache has seen, and times "
+                  "its first call: tracing, lowering, XLA's compilation and the one step, "
+                  "blocking on its output.", ""]
     lines += ["Each figure is the median per unit; *ratio* divides it by the group's baseline "
               "(in bold) measured in the same run; *min ratio* is the same with the minima. "
               "Lower is better.", ""]
@@ -198,6 +212,11 @@ def suite_section(suite: str, groups: dict, share_memory: dict | None) -> list[s
                   "flattened or built per step):", "",
                   "![Adam loop: time per step against array leaves, every variant; lower is "
                   "better](img/adam_loop.png)"]
+    if suite == "dispatch" and inference_loop_groups(mine):
+        lines += ["", "The inference loop's time per call against the model's array leaves (the "
+                  "model passed unchanged on every call; `jax.jit-leaves` is the floor):", "",
+                  "![Inference loop: time per call against array leaves, every variant; lower "
+                  "is better](img/inference_loop.png)"]
     lines += ["", f"![{suite}: each group's median times divided by its baseline's; "
               f"lower is better](img/{suite}.png)", ""]
     return lines

@@ -13,16 +13,21 @@ that lower is better:
 - `adam_loop.png`: time per step of the Adam loop against the number of array
   leaves, one line per variant (baseline `jax.jit-params`, thick black), and the
   small models' steps (a 2-layer MLP, a GRU cell) as points in the same colours.
+- `inference_loop.png`: time per call of the inference loop (a model passed
+  unchanged to a compiled prediction) against the number of array leaves, one
+  line per variant (baseline `jax.jit-params`, thick black).
 - `<suite>.png`: one panel per group of a pytest-benchmark suite, one bar per
   variant: its median time divided by the group's baseline's (the grey bar,
-  1.0), annotated with the ratio and the median itself.
+  1.0), annotated with the ratio and the median itself (`first_call.png`: the
+  first call of a training step, one panel per model).
 """
 
 from __future__ import annotations
 
 import os
 
-from _support.report_pages import adam_loop_groups, fmt_time, fsdp_bytes, small_model_groups
+from _support.report_pages import (adam_loop_groups, fmt_time, fsdp_bytes, inference_loop_groups,
+                                   small_model_groups)
 
 FONT = 10
 DONATION_STYLES = {  # mode -> matplotlib line style; overlapping lines stay visible
@@ -159,24 +164,22 @@ def plot_fsdp_memory(groups: dict, img: str) -> str | None:
     return path
 
 
-def plot_adam_loop(groups: dict, img: str) -> str | None:
-    """Time per step against array leaves, every variant, with the small models'
-    steps as single points; returns the file written."""
-    loop = adam_loop_groups(groups)
-    if not loop:
-        return None
+def _plot_against_leaves(loop: dict, points: dict, path: str, *, xlabel: str, ylabel: str,
+                         title: str) -> str:
+    """Median time per unit against array leaves, one line per variant of `loop`
+    (groups by array leaves; the baseline thick black), and each group of
+    `points` (by name) as single points in the variants' colours."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.4))
     baseline = next(iter(loop.values()))["baseline"]
-    small = small_model_groups(groups)
-    markers = dict(zip(small, ("s", "^", "D")))
+    markers = dict(zip(points, ("s", "^", "D")))
     for variant in next(iter(loop.values()))["variants"]:
-        points = [(leaves, g["variants"][variant]["median_s"]) for leaves, g in loop.items()
-                  if g["variants"].get(variant, {}).get("median_s")]
+        xy = [(leaves, g["variants"][variant]["median_s"]) for leaves, g in loop.items()
+              if g["variants"].get(variant, {}).get("median_s")]
         style = dict(color="black", linewidth=2.6) if variant == baseline else {}
         label = f"{variant} (baseline)" if variant == baseline else variant
-        (line,) = ax.plot([p[0] for p in points], [p[1] * 1e6 for p in points], marker="o", label=label, **style)
-        for name, g in small.items():
+        (line,) = ax.plot([p[0] for p in xy], [p[1] * 1e6 for p in xy], marker="o", label=label, **style)
+        for name, g in points.items():
             r = g["variants"].get(variant, {})
             if r.get("median_s"):
                 ax.plot([g["params"]["arrays"]], [r["median_s"] * 1e6], linestyle="none",
@@ -185,13 +188,41 @@ def plot_adam_loop(groups: dict, img: str) -> str | None:
         ax.plot([], [], linestyle="none", marker=marker, color="0.4", label=name.split("/")[1])
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("array leaves in the model (Adam's state holds twice as many)")
-    ax.set_ylabel("median time per step (µs; lower is better)")
-    ax.set_title("Per step against leaves: Adam loop (lines), small models (points)", loc="left")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, loc="left")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=FONT - 1)
     fig.tight_layout()
-    path = os.path.join(img, "adam_loop.png")
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def plot_adam_loop(groups: dict, img: str) -> str | None:
+    """Time per step against array leaves, every variant, with the small models'
+    steps as single points; returns the file written."""
+    loop = adam_loop_groups(groups)
+    if not loop:
+        return None
+    return _plot_against_leaves(
+        loop, small_model_groups(groups), os.path.join(img, "adam_loop.png"),
+        xlabel="array leaves in the model (Adam's state holds twice as many)",
+        ylabel="median time per step (µs; lower is better)",
+        title="Per step against leaves: Adam loop (lines), small models (points)",
+    )
+
+
+def plot_inference_loop(groups: dict, img: str) -> str | None:
+    """Time per call of the inference loop against array leaves, every variant;
+    returns the file written."""
+    loop = inference_loop_groups(groups)
+    if not loop:
+        return None
+    calls = next(iter(loop.values()))["params"].get("calls")
+    return _plot_against_leaves(
+        loop, {}, os.path.join(img, "inference_loop.png"),
+        xlabel="array leaves in the model",
+        ylabel="median time per call (µs; lower is better)",
+        title=f"Inference loop: the same model, a new batch, {calls} calls",
+    )

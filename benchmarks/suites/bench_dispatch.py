@@ -24,6 +24,15 @@ Every figure is a ratio of two timings measured in the same run (see
   2-layer MLP (16 -> 32 -> 32 -> 16, 6 array leaves) with batches of 8, and 100
   steps of an `eqx.nn.GRUCell` (8 inputs, 32 hidden units, 4 array leaves) fed
   its own hidden state, as a rollout does, with the same four variants.
+- An inference loop: a model passed unchanged to a compiled `predict(model, x)`
+  (`jax.vmap(model)(x)`, one array returned) 100 times, a different batch each
+  call (four device-resident batches of 8, rotated), every prediction kept and
+  blocked on once at the end; on `leafy_mlp(100)` and `leafy_mlp(1000)`, with
+  the same four variants (`jax.jit-params` closes over the static part,
+  `jax.jit-leaves` takes the flat list of array leaves). Target: filtx <= 0.4x
+  jax.jit-params at both sizes (the model is the same object on every call).
+  7 rounds, as the training loops (3 under `FILTX_BENCH_QUICK=1`, which
+  `report.py --quick` sets).
 
 Under `--benchmark-disable` each body runs once (a smoke test, a few seconds in
 all, with two training steps of a small MLP instead of 100 of the large one).
@@ -66,6 +75,17 @@ SMALL_MLP = dict(in_size=16, out_size=16, width_size=32, depth=2)
 GRU = dict(input_size=8, hidden_size=32)
 MLP2_GROUP = f"{SUITE}/small-mlp-2-layer-batch-{TRAIN_BATCH}/{TRAIN_STEPS}-steps"
 GRU_GROUP = f"{SUITE}/small-gru-cell-rollout/{TRAIN_STEPS}-steps"
+
+
+INFER_SIZES = (100, 1000)
+INFER_VARIANTS = ("jax.jit-params", "filtx", "eqx", "jax.jit-leaves")
+INFER_CALLS = 100
+INFER_BATCH = 8
+INFER_QUICK_ROUNDS = 3  # under FILTX_BENCH_QUICK=1 (report.py --quick)
+
+
+def inference_group(size: int) -> str:
+    return f"{SUITE}/inference-loop-{size}-leaves/{INFER_CALLS}-calls"
 
 
 def leafy_group(size: int) -> str:
@@ -323,6 +343,75 @@ def test_gru_rollout(benchmark, smoke, variant):
 
 
 #
+# An inference loop: the model passed unchanged on every call
+#
+
+
+def predict(model, x):
+    """A batch of predictions: one array."""
+    return jax.vmap(model)(x)
+
+
+@ft.cache
+def inference_setup(variant: str, smoke: bool, size: int):
+    """`(fn, model)`: `fn(model, x)` is `predict` in this variant; `model` is what
+    it takes (the model, its parameters or their flat list of leaves)."""
+    model = train_model(smoke, size)
+    if variant == "filtx":
+        return filtx.filter_jit(predict), model
+    if variant == "eqx":
+        return eqx.filter_jit(predict), model
+    params, static = eqx.partition(model, eqx.is_array)
+    if variant == "jax.jit-params":
+        return jax.jit(lambda p, x: predict(eqx.combine(p, static), x)), params
+    if variant == "jax.jit-leaves":
+        flat, treedef = jax.tree_util.tree_flatten(params)
+        return jax.jit(lambda f, x: predict(eqx.combine(treedef.unflatten(f), static), x)), flat
+    raise ValueError(variant)
+
+
+def inference_loop(fn, model, batches, calls):
+    predictions = [fn(model, batches[i % len(batches)]) for i in range(calls)]
+    return jax.block_until_ready(predictions)
+
+
+@ft.cache
+def inference_data(smoke: bool, size: int):
+    """`(batches, expected)`: four device-resident batches, and the eager
+    predictions on them (computed once for all variants)."""
+    model = train_model(smoke, size)
+    batches = [jax.device_put(x) for x, _ in models.regression_batches(
+        4, INFER_BATCH, model.in_size, model.out_size)]
+    return batches, [np.asarray(predict(model, x)) for x in batches]
+
+
+@pytest.mark.parametrize("size, variant", [(n, v) for n in INFER_SIZES for v in INFER_VARIANTS])
+def test_inference_loop(benchmark, smoke, size, variant):
+    fn, arg = inference_setup(variant, smoke, size)
+    model = train_model(smoke, size)
+    batches, expected = inference_data(smoke, size)
+    calls = TRAIN_SMOKE_STEPS if smoke else INFER_CALLS
+    first = inference_loop(fn, arg, batches, len(batches))  # compile, and check
+    for got, want in zip(first, expected):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    predictions = ratios.measure(
+        benchmark,
+        inference_loop,
+        suite=SUITE,
+        group=inference_group(size),
+        variant=variant,
+        baseline=TRAIN_BASELINE,
+        params={"calls": calls, "batch": INFER_BATCH, "arrays": models.count_leaves(model)[0],
+                "donate": False},
+        unit="call",
+        per=calls,
+        pedantic=dict(args=(fn, arg, batches, calls), iterations=1,
+                      rounds=INFER_QUICK_ROUNDS if ratios.quick() else TRAIN_ROUNDS),
+    )
+    assert len(predictions) == calls
+
+
+#
 # Sizes and targets
 #
 
@@ -346,6 +435,7 @@ TARGETS = [
     (TRAIN_GROUP, "filtx", "eqx", 1.0, "min"),
     *[(leafy_group(n), "filtx", TRAIN_BASELINE, 1.1, "min") for n in LEAFY_TRAIN],
     *[(adam_group(n), "filtx", TRAIN_BASELINE, 1.1, "min") for n in ADAM_LEAVES],
+    *[(inference_group(n), "filtx", TRAIN_BASELINE, 0.4, "min") for n in INFER_SIZES],
 ]
 
 

@@ -1,0 +1,150 @@
+"""The first call of a fresh training step: trace + compile + one step.
+
+Every figure is a ratio of two timings measured in the same run (see
+`_support/ratios.py` and README.md). A training step (`models.make_train_step`:
+one gradient and one Adam update, model and optimiser state returned, both
+donated) is built anew for every round, a function object no cache has seen,
+and called once on a fresh copy of the model and optimiser state, blocking on
+its output. What the user waits for before training starts: tracing the step,
+lowering, XLA's compilation, and the one step.
+
+- `first_call/transformer-12-layer/adam`: a 12-layer decoder-only transformer
+  made of Equinox modules (`models.transformer()`: token and position
+  embeddings; 12 blocks of `eqx.nn.LayerNorm`, causal `eqx.nn.MultiheadAttention`,
+  `eqx.nn.LayerNorm` and a two-layer MLP of `eqx.nn.Linear`; a final norm and
+  linear head; width 32, 2 heads, vocabulary 64; 150 array leaves), next-token
+  cross-entropy on a fixed random batch of 8 sequences of 16 tokens.
+- `first_call/mlp-1000-leaves/adam`: `models.leafy_mlp(1000)` (1000 array
+  leaves), mean squared error on a batch of 8.
+
+Variants: `jax.jit(donate_argnums=(0, 1))` on `eqx.partition(model,
+eqx.is_array)`'s parameters and the optimiser state, static part closed over
+(`jax.jit-params`, the baseline); `filtx.filter_jit(donate="arrays")`;
+`eqx.filter_jit(donate="all")`. Each variant's rounds follow one untimed call on
+a small model of the same kind, so that one-time work (JAX's and the library's
+first use) is in no round. Rounds: 3 (each takes seconds).
+
+Target (with `FILTX_BENCH_ASSERT=1`, on the minimum): filtx <= 1.0x
+jax.jit-params on both models.
+
+Under `--benchmark-disable` each body runs once on a 1-layer transformer and a
+10-leaf MLP (a smoke test). With `FILTX_BENCH_QUICK=1` (`report.py --quick`)
+the models are a 1-layer transformer and a 100-leaf MLP, one round each (after
+the untimed call), and the group names say so.
+"""
+
+import equinox as eqx
+import jax
+import numpy as np
+import optax
+import pytest
+
+from _support import models, ratios
+
+import filtx
+
+
+SUITE = "first_call"
+BASELINE = "jax.jit-params"
+VARIANTS = ("jax.jit-params", "filtx", "eqx")
+MODELS = ("transformer", "mlp")
+BATCH = 8
+# (transformer layers, MLP array leaves, rounds) by mode.
+SIZES = {"full": (12, 1000, 3), "quick": (1, 100, 1), "smoke": (1, 10, 1)}
+WARM_UP = (1, 4)  # the small models each variant is first called on
+TRANSFORMER = dict(width=32, heads=2, vocab=64, max_length=16)
+
+
+def mode(smoke: bool) -> str:
+    return "smoke" if smoke else ("quick" if ratios.quick() else "full")
+
+
+def group(kind: str, size: int) -> str:
+    if kind == "transformer":
+        return f"{SUITE}/transformer-{size}-layer/adam"
+    return f"{SUITE}/mlp-{size}-leaves/adam"
+
+
+def problem(kind: str, size: int):
+    """`(model, loss_fn, x, y)`: the model (layers or array leaves: `size`), its
+    loss and one fixed batch of host NumPy arrays."""
+    if kind == "transformer":
+        model = models.transformer(size, **TRANSFORMER)
+        x, y = models.token_batch(BATCH, TRANSFORMER["max_length"], TRANSFORMER["vocab"])
+        return model, models.next_token_loss, x, y
+    model = models.leafy_mlp(size)
+    (x, y), = models.regression_batches(1, BATCH, model.in_size, model.out_size)
+    return model, models.mse_loss, x, y
+
+
+def fresh_step(variant: str, model, loss_fn):
+    """`(step, state)`: a training step no cache has seen, `step(*state, x, y) ->
+    (*state, loss)`, donating `state` (a fresh copy of the model or its
+    parameters, and of the Adam state)."""
+    optim = optax.adam(1e-3)
+    train_step = models.make_train_step(optim, loss_fn)  # a new function object
+    model = models.fresh_copy(model)
+    opt_state = optim.init(eqx.filter(model, eqx.is_inexact_array))
+    if variant == "filtx":
+        return filtx.filter_jit(train_step, donate="arrays"), (model, opt_state)
+    if variant == "eqx":
+        return eqx.filter_jit(train_step, donate="all"), (model, opt_state)
+    if variant == "jax.jit-params":
+        params, static = eqx.partition(model, eqx.is_array)
+
+        def params_step(params, opt_state, x, y):
+            model, opt_state, loss = train_step(eqx.combine(params, static), opt_state, x, y)
+            return eqx.filter(model, eqx.is_array), opt_state, loss
+
+        return jax.jit(params_step, donate_argnums=(0, 1)), (params, opt_state)
+    raise ValueError(variant)
+
+
+def first_call(step, state, x, y):
+    return jax.block_until_ready(step(*state, x, y))
+
+
+@pytest.mark.parametrize("kind, variant", [(k, v) for k in MODELS for v in VARIANTS])
+def test_first_call(benchmark, smoke, kind, variant):
+    layers, leaves, rounds = SIZES[mode(smoke)]
+    size = layers if kind == "transformer" else leaves
+    model, loss_fn, x, y = problem(kind, size)
+    if not smoke:  # one-time work out of the rounds, on a small model of the same kind
+        small = problem(kind, WARM_UP[MODELS.index(kind)])
+        first_call(*fresh_step(variant, *small[:2]), *small[2:])
+
+    def setup():
+        return (*fresh_step(variant, model, loss_fn), x, y), {}
+
+    *_, loss = ratios.measure(
+        benchmark,
+        first_call,
+        suite=SUITE,
+        group=group(kind, size),
+        variant=variant,
+        baseline=BASELINE,
+        params={"model": kind, ("layers" if kind == "transformer" else "leaves"): size,
+                "arrays": models.count_leaves(model)[0],
+                "parameters": models.count_params(model), "batch": BATCH,
+                "optimiser": "adam", "donate": True},
+        unit="first call",
+        pedantic=dict(setup=setup, rounds=rounds, iterations=1),
+    )
+    assert np.isfinite(float(loss))
+
+
+def test_model_sizes():
+    arrays, _ = models.count_leaves(models.transformer(SIZES["full"][0], **TRANSFORMER))
+    print(f"transformer({SIZES['full'][0]}): {arrays} array leaves")
+    assert arrays == 12 * SIZES["full"][0] + 6
+    assert models.count_leaves(models.leafy_mlp(SIZES["full"][1]))[0] == SIZES["full"][1]
+
+
+TARGETS = [(group(kind, SIZES["full"][MODELS.index(kind)]), "filtx", BASELINE, 1.0, "min")
+           for kind in MODELS]
+
+
+def test_targets(request):
+    """Runs last in this file: checks the ratios recorded above, when timing is
+    on and FILTX_BENCH_ASSERT=1."""
+    ratios.check_targets(request.config, TARGETS)
