@@ -5,6 +5,9 @@
 - Smoke mode: with timing off (pyproject's `--benchmark-disable`, as in the
   default test run) every body runs once on small sizes; the `smoke` fixture
   says which mode a test is in (`_support.ratios.timing_on`).
+- The variants of each group with fixed rounds are timed round-robin
+  (`_support/interleave.py`): the tests marked `interleave.round_robin` are
+  registered by group once collection is final.
 - At the end of a run with timing on: the ratio tables of every group measured
   (see `_support/ratios.py`), printed and merged into a JSON file
   (`$FILTX_BENCH_RATIOS`, default `<rootdir>/.benchmarks/filtx-ratios.json`).
@@ -23,7 +26,7 @@ devices.ensure_virtual_devices()
 
 import pytest  # noqa: E402
 
-from _support import ratios  # noqa: E402
+from _support import interleave, ratios  # noqa: E402
 
 
 @pytest.fixture
@@ -58,3 +61,8 @@ def pytest_collection_modifyitems(config, items):
     if len(kept) != len(items):
         config.hook.pytest_deselected(items=[i for i in items if i not in kept])
         items[:] = kept
+
+
+def pytest_collection_finish(session):
+    """The selected tests of the round-robin groups, by group and variant."""
+    interleave.collect(session.items, session.config)

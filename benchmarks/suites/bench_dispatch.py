@@ -46,7 +46,7 @@ import numpy as np
 import optax
 import pytest
 
-from _support import models, ratios
+from _support import interleave, models, ratios
 
 import filtx
 
@@ -75,6 +75,7 @@ SMALL_MLP = dict(in_size=16, out_size=16, width_size=32, depth=2)
 GRU = dict(input_size=8, hidden_size=32)
 MLP2_GROUP = f"{SUITE}/small-mlp-2-layer-batch-{TRAIN_BATCH}/{TRAIN_STEPS}-steps"
 GRU_GROUP = f"{SUITE}/small-gru-cell-rollout/{TRAIN_STEPS}-steps"
+GRU_ROUNDS = 100
 
 
 INFER_SIZES = (100, 1000)
@@ -252,8 +253,9 @@ def train_group(leaves, adam: bool) -> str:
     return TRAIN_GROUP if leaves is None else leafy_group(leaves)
 
 
-@pytest.mark.parametrize("leaves, variant, adam", TRAIN_CASES)
-def test_train_loop(benchmark, smoke, leaves, variant, adam):
+def train_case(smoke, leaves, variant, adam) -> interleave.Case:
+    """One training-loop variant, compiled; each round times `steps` steps from a
+    fresh copy of the model and optimiser state (made in the round's setup)."""
     step, state = train_setup(variant, smoke, leaves, adam)
     model = train_model(smoke, leaves)
     batches = models.regression_batches(4, TRAIN_BATCH, model.in_size, model.out_size)
@@ -263,9 +265,16 @@ def test_train_loop(benchmark, smoke, leaves, variant, adam):
     def setup():
         return (step, models.fresh_copy(state), batches, steps), {}
 
-    _, loss = ratios.measure(
+    return interleave.Case(train_loop, rounds=TRAIN_ROUNDS, setup=setup)
+
+
+@interleave.round_robin(group=train_group, prepare=train_case)
+@pytest.mark.parametrize("leaves, variant, adam", TRAIN_CASES)
+def test_train_loop(benchmark, smoke, leaves, variant, adam):
+    model = train_model(smoke, leaves)
+    steps = TRAIN_SMOKE_STEPS if smoke else TRAIN_STEPS
+    _, loss = interleave.measure(
         benchmark,
-        train_loop,
         suite=SUITE,
         group=train_group(leaves, adam),
         variant=variant,
@@ -280,7 +289,6 @@ def test_train_loop(benchmark, smoke, leaves, variant, adam):
         },
         unit="step",
         per=steps,
-        pedantic=dict(setup=setup, rounds=TRAIN_ROUNDS, iterations=1),
     )
     assert np.isfinite(float(loss))
 
@@ -318,18 +326,31 @@ def gru_rollout(step, cell, h, xs, steps):
     return jax.block_until_ready(h)
 
 
-@pytest.mark.parametrize("variant", ADAM_VARIANTS)
-def test_gru_rollout(benchmark, smoke, variant):
-    step, cell = gru_setup(variant)
+@ft.cache
+def gru_inputs():
+    """`(h0, xs)`: the initial hidden state and four device-resident inputs."""
     xs = [jax.device_put(x) for x in np.random.default_rng(0).standard_normal(
         (4, GRU["input_size"]), dtype=np.float32)]
-    h0 = jax.numpy.zeros(GRU["hidden_size"])
+    return jax.numpy.zeros(GRU["hidden_size"]), xs
+
+
+def gru_case(smoke, variant) -> interleave.Case:
+    """One rollout variant, compiled; each round times `steps` calls."""
+    step, cell = gru_setup(variant)
+    h0, xs = gru_inputs()
     steps = TRAIN_SMOKE_STEPS if smoke else TRAIN_STEPS
-    reference = gru_rollout(gru_setup("jax.jit-params")[0], gru_setup("jax.jit-params")[1], h0, xs, steps)
-    np.testing.assert_allclose(gru_rollout(step, cell, h0, xs, steps), reference, rtol=1e-5, atol=1e-6)
-    h = ratios.measure(
+    gru_rollout(step, cell, h0, xs, 1)  # compile
+    return interleave.Case(gru_rollout, rounds=GRU_ROUNDS, args=(step, cell, h0, xs, steps),
+                           warmup_rounds=1)
+
+
+@interleave.round_robin(group=GRU_GROUP, prepare=gru_case)
+@pytest.mark.parametrize("variant", ADAM_VARIANTS)
+def test_gru_rollout(benchmark, smoke, variant):
+    cell = gru_setup(variant)[1]
+    steps = TRAIN_SMOKE_STEPS if smoke else TRAIN_STEPS
+    h = interleave.measure(
         benchmark,
-        lambda: gru_rollout(step, cell, h0, xs, steps),
         suite=SUITE,
         group=GRU_GROUP,
         variant=variant,
@@ -340,6 +361,8 @@ def test_gru_rollout(benchmark, smoke, variant):
         per=steps,
     )
     assert h.shape == (GRU["hidden_size"],)
+    reference = gru_rollout(*gru_setup("jax.jit-params"), *gru_inputs(), steps)
+    np.testing.assert_allclose(h, reference, rtol=1e-5, atol=1e-6)
 
 
 #
@@ -385,18 +408,23 @@ def inference_data(smoke: bool, size: int):
     return batches, [np.asarray(predict(model, x)) for x in batches]
 
 
+def inference_case(smoke, size, variant) -> interleave.Case:
+    """One inference-loop variant, compiled; each round times `calls` calls."""
+    fn, arg = inference_setup(variant, smoke, size)
+    batches, _ = inference_data(smoke, size)
+    calls = TRAIN_SMOKE_STEPS if smoke else INFER_CALLS
+    inference_loop(fn, arg, batches, len(batches))  # compile
+    rounds = INFER_QUICK_ROUNDS if ratios.quick() else TRAIN_ROUNDS
+    return interleave.Case(inference_loop, rounds=rounds, args=(fn, arg, batches, calls))
+
+
+@interleave.round_robin(group=inference_group, prepare=inference_case)
 @pytest.mark.parametrize("size, variant", [(n, v) for n in INFER_SIZES for v in INFER_VARIANTS])
 def test_inference_loop(benchmark, smoke, size, variant):
-    fn, arg = inference_setup(variant, smoke, size)
     model = train_model(smoke, size)
-    batches, expected = inference_data(smoke, size)
     calls = TRAIN_SMOKE_STEPS if smoke else INFER_CALLS
-    first = inference_loop(fn, arg, batches, len(batches))  # compile, and check
-    for got, want in zip(first, expected):
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-    predictions = ratios.measure(
+    predictions = interleave.measure(
         benchmark,
-        inference_loop,
         suite=SUITE,
         group=inference_group(size),
         variant=variant,
@@ -405,10 +433,11 @@ def test_inference_loop(benchmark, smoke, size, variant):
                 "donate": False},
         unit="call",
         per=calls,
-        pedantic=dict(args=(fn, arg, batches, calls), iterations=1,
-                      rounds=INFER_QUICK_ROUNDS if ratios.quick() else TRAIN_ROUNDS),
     )
     assert len(predictions) == calls
+    _, expected = inference_data(smoke, size)
+    for i, got in enumerate(predictions[:len(expected)]):  # call i took batch i % 4
+        np.testing.assert_allclose(got, expected[i], rtol=1e-5, atol=1e-6)
 
 
 #

@@ -20,9 +20,11 @@ lowering, XLA's compilation, and the one step.
 Variants: `jax.jit(donate_argnums=(0, 1))` on `eqx.partition(model,
 eqx.is_array)`'s parameters and the optimiser state, static part closed over
 (`jax.jit-params`, the baseline); `filtx.filter_jit(donate="arrays")`;
-`eqx.filter_jit(donate="all")`. Each variant's rounds follow one untimed call on
-a small model of the same kind, so that one-time work (JAX's and the library's
-first use) is in no round. Rounds: 3 (each takes seconds).
+`eqx.filter_jit(donate="all")`. Before the rounds, each variant is called once,
+untimed, on a small model of the same kind, so that one-time work (JAX's and the
+library's first use) is in no round. Rounds: 3 (each takes seconds), the
+variants of a group timed round-robin (`_support/interleave.py`): round 1 of
+every variant, then round 2, the order changing every round.
 
 Target (with `FILTX_BENCH_ASSERT=1`, on the minimum): filtx <= 1.0x
 jax.jit-params on both models.
@@ -39,7 +41,7 @@ import numpy as np
 import optax
 import pytest
 
-from _support import models, ratios
+from _support import interleave, models, ratios
 
 import filtx
 
@@ -104,21 +106,34 @@ def first_call(step, state, x, y):
     return jax.block_until_ready(step(*state, x, y))
 
 
-@pytest.mark.parametrize("kind, variant", [(k, v) for k in MODELS for v in VARIANTS])
-def test_first_call(benchmark, smoke, kind, variant):
-    layers, leaves, rounds = SIZES[mode(smoke)]
-    size = layers if kind == "transformer" else leaves
-    model, loss_fn, x, y = problem(kind, size)
-    if not smoke:  # one-time work out of the rounds, on a small model of the same kind
+def size_of(kind: str, smoke: bool) -> int:
+    layers, leaves, _ = SIZES[mode(smoke)]
+    return layers if kind == "transformer" else leaves
+
+
+def first_call_case(smoke, kind, variant) -> interleave.Case:
+    """One variant: an untimed first call on a small model of the same kind (so
+    that one-time work is in no round; not in smoke mode), then each round's
+    setup builds a new step on a fresh copy of the model and state."""
+    model, loss_fn, x, y = problem(kind, size_of(kind, smoke))
+    if not smoke:
         small = problem(kind, WARM_UP[MODELS.index(kind)])
         first_call(*fresh_step(variant, *small[:2]), *small[2:])
 
     def setup():
         return (*fresh_step(variant, model, loss_fn), x, y), {}
 
-    *_, loss = ratios.measure(
+    return interleave.Case(first_call, rounds=SIZES[mode(smoke)][2], setup=setup)
+
+
+@interleave.round_robin(group=lambda smoke, kind: group(kind, size_of(kind, smoke)),
+                        prepare=first_call_case)
+@pytest.mark.parametrize("kind, variant", [(k, v) for k in MODELS for v in VARIANTS])
+def test_first_call(benchmark, smoke, kind, variant):
+    size = size_of(kind, smoke)
+    model = problem(kind, size)[0]
+    *_, loss = interleave.measure(
         benchmark,
-        first_call,
         suite=SUITE,
         group=group(kind, size),
         variant=variant,
@@ -128,7 +143,6 @@ def test_first_call(benchmark, smoke, kind, variant):
                 "parameters": models.count_params(model), "batch": BATCH,
                 "optimiser": "adam", "donate": True},
         unit="first call",
-        pedantic=dict(setup=setup, rounds=rounds, iterations=1),
     )
     assert np.isfinite(float(loss))
 

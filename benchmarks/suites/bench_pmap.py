@@ -15,8 +15,10 @@ and already laid out across the devices.
 - `pmap/first-call/100`: the first call of a fresh function (trace + compile +
   run), against `jax.jit(jax.shard_map)` on the partitioned parameters (the
   baseline); filtx with `out_axes` given as ints and with a callable `out_axes`
-  (resolved on the one trace), eqx and `jax.pmap` too. Targets: filtx <= 1.1x
-  the baseline, callable `out_axes` included, and <= eqx.
+  (resolved on the one trace), eqx and `jax.pmap` too; each variant called once
+  untimed first, then 7 rounds, the variants timed round-robin
+  (`_support/interleave.py`). Targets: filtx <= 1.1x the baseline, callable
+  `out_axes` included, and <= eqx.
 
 Under `--benchmark-disable` each body runs once (a smoke test).
 """
@@ -29,7 +31,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, PartitionSpec as P
 
-from _support import devices, models, ratios
+from _support import devices, interleave, models, ratios
 
 import filtx
 
@@ -132,19 +134,23 @@ def first_call(variant: str):
     raise ValueError(variant)
 
 
+def first_call_case(variant) -> interleave.Case:
+    """One untimed first call (JAX's one-time paths), then a fresh function per round."""
+    first_call(variant)
+    return interleave.Case(first_call, rounds=FIRST_ROUNDS, args=(variant,))
+
+
+@interleave.round_robin(group=FIRST_GROUP, prepare=first_call_case)
 @pytest.mark.parametrize("variant", FIRST_VARIANTS)
 def test_first_call(benchmark, variant):
-    first_call(variant)  # JAX's one-time paths
-    out = ratios.measure(
+    out = interleave.measure(
         benchmark,
-        first_call,
         suite=SUITE,
         group=FIRST_GROUP,
         variant=variant,
         baseline=FIRST_BASELINE,
         params={"arrays": SIZE, "devices": DEVICES},
         unit="first call",
-        pedantic=dict(args=(variant,), rounds=FIRST_ROUNDS, iterations=1),
     )
     np.testing.assert_allclose(np.asarray(out), expected())
 

@@ -43,7 +43,7 @@ import pytest
 from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-from _support import models, ratios
+from _support import interleave, models, ratios
 
 import filtx
 
@@ -51,6 +51,7 @@ SUITE = "sharding"
 STEPS = 32
 SMOKE_STEPS = 2
 ROUNDS = 7
+FIRST_ROUNDS = 3
 BATCH = 64
 IN_FLIGHT = 4
 WIDTH, SMOKE_WIDTH = 512, 32
@@ -184,7 +185,9 @@ def loop(step, state, batches, steps):
     return jax.block_until_ready((state, losses[-1]))
 
 
-def time_loop(benchmark, smoke, group, variant, baseline, step, state, params):
+def loop_case(step, state, smoke: bool) -> interleave.Case:
+    """A warm step's `Case`: compiled here, then each round times `steps` steps
+    from a fresh copy of the state (made in the round's setup)."""
     model = make_model(smoke)
     batches = models.regression_batches(4, BATCH, model.in_size, model.out_size)
     steps = SMOKE_STEPS if smoke else STEPS
@@ -193,9 +196,14 @@ def time_loop(benchmark, smoke, group, variant, baseline, step, state, params):
     def setup():
         return (step, models.fresh_copy(state), batches, steps), {}
 
-    _, loss = ratios.measure(
-        benchmark, loop, suite=SUITE, group=group, variant=variant, baseline=baseline,
-        params=params, unit="step", per=steps, pedantic=dict(setup=setup, rounds=ROUNDS, iterations=1),
+    return interleave.Case(loop, rounds=ROUNDS, setup=setup)
+
+
+def time_loop(benchmark, smoke, group, variant, baseline, params):
+    steps = SMOKE_STEPS if smoke else STEPS
+    _, loss = interleave.measure(
+        benchmark, suite=SUITE, group=group, variant=variant, baseline=baseline,
+        params=params, unit="step", per=steps,
     )
     assert np.isfinite(float(loss))
 
@@ -203,15 +211,26 @@ def time_loop(benchmark, smoke, group, variant, baseline, step, state, params):
 DP_VARIANTS = ["jax.jit", "filtx", "eqx", "nnx.jit"]
 
 
+def dp_case(smoke, variant) -> interleave.Case:
+    return loop_case(*dp_variant(variant, smoke), smoke)
+
+
+@interleave.round_robin(group=DP_GROUP, prepare=dp_case)
 @pytest.mark.parametrize("variant", DP_VARIANTS)
 def test_data_parallel_step(benchmark, smoke, variant):
-    step, state = dp_variant(variant, smoke)
-    time_loop(benchmark, smoke, DP_GROUP, variant, BASELINE, step, state,
+    time_loop(benchmark, smoke, DP_GROUP, variant, BASELINE,
               {"devices": len(jax.devices()), "parameters": models.count_params(make_model(smoke)), "donate": True})
 
 
-@pytest.mark.parametrize("variant", DP_VARIANTS)
-def test_data_parallel_first_call(benchmark, smoke, variant):
+def first_call_case(smoke, variant) -> interleave.Case:
+    """Each round's setup makes a new step (traced and compiled anew by its one
+    timed step). Before the rounds, one untimed first call on the small (smoke)
+    model, so that one-time work (JAX's and the library's first use) is in no
+    round."""
+    if not smoke:
+        small = make_model(True)
+        step, state = dp_variant(variant, True)
+        loop(step, state, models.regression_batches(1, BATCH, small.in_size, small.out_size), 1)
     model = make_model(smoke)
     batches = models.regression_batches(1, BATCH, model.in_size, model.out_size)
 
@@ -219,10 +238,17 @@ def test_data_parallel_first_call(benchmark, smoke, variant):
         step, state = dp_variant(variant, smoke)  # a new function: traced and compiled anew
         return (step, models.fresh_copy(state), batches, 1), {}
 
-    ratios.measure(
-        benchmark, loop, suite=SUITE, group=FIRST_GROUP, variant=variant, baseline=BASELINE,
-        params={"devices": len(jax.devices())}, pedantic=dict(setup=setup, rounds=3 if not smoke else 1, iterations=1),
+    return interleave.Case(loop, rounds=1 if smoke else FIRST_ROUNDS, setup=setup)
+
+
+@interleave.round_robin(group=FIRST_GROUP, prepare=first_call_case)
+@pytest.mark.parametrize("variant", DP_VARIANTS)
+def test_data_parallel_first_call(benchmark, smoke, variant):
+    _, loss = interleave.measure(
+        benchmark, suite=SUITE, group=FIRST_GROUP, variant=variant, baseline=BASELINE,
+        params={"devices": len(jax.devices())}, unit="first call",
     )
+    assert np.isfinite(float(loss))
 
 
 @ft.cache
@@ -256,19 +282,31 @@ def shard_map_variant(variant: str, smoke: bool):
     return step, (jax.device_put(params, NamedSharding(m, P())),)
 
 
+def shard_map_case(smoke, variant) -> interleave.Case:
+    return loop_case(*shard_map_variant(variant, smoke), smoke)
+
+
+@interleave.round_robin(group=MAP_GROUP, prepare=shard_map_case)
 @pytest.mark.parametrize("variant", ["jax.jit", "filtx"])
 def test_shard_map_step(benchmark, smoke, variant):
-    step, state = shard_map_variant(variant, smoke)
-    time_loop(benchmark, smoke, MAP_GROUP, variant, BASELINE, step, state, {"devices": len(jax.devices())})
+    time_loop(benchmark, smoke, MAP_GROUP, variant, BASELINE, {"devices": len(jax.devices())})
 
 
+def fsdp_spec(variant: str):
+    return P() if variant == "replicated" else fsdp
+
+
+def fsdp_case(smoke, variant) -> interleave.Case:
+    return loop_case(*dp_variant("filtx", smoke, spec=fsdp_spec(variant)), smoke)
+
+
+@interleave.round_robin(group=FSDP_GROUP, prepare=fsdp_case)
 @pytest.mark.parametrize("variant", ["replicated", "fsdp"])
 def test_fsdp_against_replicated(benchmark, smoke, variant):
-    step, state = dp_variant("filtx", smoke, spec=P() if variant == "replicated" else fsdp)
     replicated = bytes_per_device(*dp_variant("filtx", smoke, spec=P())[1])
     sharded = bytes_per_device(*dp_variant("filtx", smoke, spec=fsdp)[1])
     assert sharded < replicated / 4  # about 1/8 on 8 devices (small leaves stay replicated)
-    time_loop(benchmark, smoke, FSDP_GROUP, variant, "replicated", step, state, {
+    time_loop(benchmark, smoke, FSDP_GROUP, variant, "replicated", {
         "devices": len(jax.devices()),
         "bytes_per_device_replicated": replicated,
         "bytes_per_device_fsdp": sharded,

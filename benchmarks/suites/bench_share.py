@@ -46,7 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from _support import models, ratios
+from _support import interleave, models, ratios
 import filtx
 from filtx.demo import measure
 
@@ -85,6 +85,8 @@ def tied_call(variant: str, x: jax.Array):
 
 
 def check_tied_output(variant: str, out, x) -> None:
+    """`out` is what `variant` returns on `x` (or on an array whose first four
+    elements are `x`)."""
     expected_len = 1 if variant == "once" else REFS
     assert len(out) == expected_len
     distinct = {id(o) for o in out}
@@ -100,6 +102,12 @@ def tied_array(mb: int) -> jax.Array:
     side = 1 << (n.bit_length() // 2)
     make = jax.jit(lambda: jnp.arange(n, dtype=jnp.float32).reshape(side, n // side) / n)
     return jax.block_until_ready(make())
+
+
+def tied_array_head(mb: int) -> np.ndarray:
+    """The first four elements of `tied_array(mb)`."""
+    n = mb * 2**20 // 4
+    return np.arange(4, dtype=np.float32) / n
 
 
 # ---------------------------------------------------------------------------
@@ -149,26 +157,33 @@ def run_probes(variants, mb: int) -> list[dict]:
 # The benchmarks
 
 
-@pytest.mark.parametrize("variant", TIED_VARIANTS)
-def test_tied(benchmark, smoke, variant):
-    mb = SMOKE_MB if smoke else TIED_MB
-    x = tied_array(mb)
+def tied_case(smoke, variant) -> interleave.Case:
+    """One variant, compiled and warm (its output checked), timed per call after
+    one untimed round."""
+    x = tied_array(SMOKE_MB if smoke else TIED_MB)
     fn, args = tied_call(variant, x)
     for _ in range(2 if smoke else 3):  # compile, then take JAX's fast path
         out = jax.block_until_ready(fn(*args))
     check_tied_output(variant, out, x)
     del out
-    out = ratios.measure(
+    call = lambda: jax.block_until_ready(fn(*args))  # noqa: E731
+    return interleave.Case(call, rounds=TIED_ROUNDS[variant], warmup_rounds=1)
+
+
+@interleave.round_robin(group=TIED_GROUP, prepare=tied_case)
+@pytest.mark.parametrize("variant", TIED_VARIANTS)
+def test_tied(benchmark, smoke, variant):
+    mb = SMOKE_MB if smoke else TIED_MB
+    out = interleave.measure(
         benchmark,
-        lambda: jax.block_until_ready(fn(*args)),
         suite=SUITE,
         group=TIED_GROUP,
         variant=variant,
         baseline=TIED_BASELINE,
         params={"mb": mb, "references": REFS},
-        pedantic=dict(rounds=TIED_ROUNDS[variant], iterations=1, warmup_rounds=1),
     )
-    check_tied_output(variant, out, x)
+    check_tied_output(variant, out, tied_array_head(mb))
+    del out
 
 
 @pytest.mark.parametrize("size", NO_SHARING_SIZES)

@@ -8,8 +8,9 @@ batch shared by every member (`in_axes=(if_array(0), None)`).
 - `vmap/jit-compile`: trace + lower + compile of `jax.jit(lambda p, x:
   V(eqx.combine(p, static), x))`, a fresh function (and a fresh vmap wrapper)
   each round, where `V` is `filtx.filter_vmap`, `eqx.filter_vmap` or `jax.vmap`
-  on the pre-partitioned parameters (the baseline). Target: filtx <= 1.1x
-  jax.vmap.
+  on the pre-partitioned parameters (the baseline); 15 rounds after one untimed
+  compile and one untimed round, the variants timed round-robin
+  (`_support/interleave.py`). Target: filtx <= 1.1x jax.vmap.
 - `vmap/eager-warm`: warm eager calls (no jit), blocking: filtx with a callable
   `out_axes` (`lambda leaf: 0`, resolved by abstract evaluation and cached),
   filtx with `out_axes=0` (the baseline) and `eqx.filter_vmap` (default callable
@@ -25,7 +26,7 @@ import jax
 import numpy as np
 import pytest
 
-from _support import ratios
+from _support import interleave, ratios
 
 import filtx
 
@@ -106,23 +107,28 @@ def compile_fresh(variant: str):
     return jitted.lower(params, batch()).compile()
 
 
+def compile_case(variant) -> interleave.Case:
+    """One untimed compile (JAX's own import-time and first-use paths), then a
+    fresh function per round, after one untimed warm-up round."""
+    compile_fresh(variant)
+    return interleave.Case(compile_fresh, rounds=COMPILE_ROUNDS, args=(variant,), warmup_rounds=1)
+
+
+@interleave.round_robin(group=COMPILE_GROUP, prepare=compile_case)
 @pytest.mark.parametrize("variant", COMPILE_VARIANTS)
 def test_jit_compile(benchmark, variant):
     params, _ = eqx.partition(ensemble(), eqx.is_array)
-    compiled = compile_fresh(variant)  # warm JAX's own import-time/first-use paths
-    np.testing.assert_allclose(
-        np.asarray(compiled(params, batch())), expected(), rtol=1e-5, atol=1e-5
-    )
-    ratios.measure(
+    compiled = interleave.measure(
         benchmark,
-        compile_fresh,
         suite=SUITE,
         group=COMPILE_GROUP,
         variant=variant,
         baseline=COMPILE_BASELINE,
         params={"ensemble": ENSEMBLE, "batch": BATCH, "depth": DEPTH, "width": WIDTH},
         unit="compile",
-        pedantic=dict(args=(variant,), rounds=COMPILE_ROUNDS, iterations=1, warmup_rounds=1),
+    )
+    np.testing.assert_allclose(
+        np.asarray(compiled(params, batch())), expected(), rtol=1e-5, atol=1e-5
     )
 
 
