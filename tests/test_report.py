@@ -119,13 +119,17 @@ def test_step_parts_profile_runs_and_adds_up():
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.strip().splitlines()
     header = lines[1].split(" | ")
-    assert header == ["array leaves", "floor", "jax.jit", "filtx", "flatten", "split", "build", "floor + build"]
+    assert header == ["array leaves", "floor", "jax.jit", "filtx", "flatten", "prepare", "unflatten",
+                      "filtx build", "floor + unflatten", "filtx / (floor + unflatten)"]
     rows = [line.split(" | ") for line in lines[2:]]
     assert [row[0] for row in rows] == ["2", "20"]
     for row in rows:
-        cells = [re.fullmatch(r"([0-9.]+) \(([0-9.]+)\)", cell) for cell in row[1:]]
+        cells = [re.fullmatch(r"([0-9.]+) \(([0-9.]+)\)", cell) for cell in row[1:-1]]
         assert all(cells), row
-        times = dict(zip(header[1:], (float(c.group(1)) for c in cells)))
+        times = dict(zip(header[1:-1], (float(c.group(1)) for c in cells)))
         fractions = [float(c.group(2)) for c in cells]
         assert fractions[0] == 1.0 and all(t > 0 for t in times.values())
-        assert math.isclose(times["floor + build"], times["floor"] + times["build"], abs_tol=0.2)
+        assert math.isclose(times["floor + unflatten"], times["floor"] + times["unflatten"], abs_tol=0.2)
+        # The last column is filtx over the floor plus unflatten, a bare ratio.
+        ratio = float(row[-1])
+        assert math.isclose(ratio, times["filtx"] / times["floor + unflatten"], rel_tol=0.05, abs_tol=0.02)
