@@ -1,7 +1,7 @@
 """Runs every benchmark suite and writes `docs/benchmarks.md` and its plots.
 
     python benchmarks/report.py            # the full report (about 15 minutes on 2 CPU cores)
-    python benchmarks/report.py --quick    # every suite, small (under 3 minutes)
+    python benchmarks/report.py --quick    # every suite, small (about 5 minutes on 2 cores)
     python benchmarks/report.py --output /tmp/report   # write elsewhere than docs/
     python benchmarks/report.py --save-data run.json   # keep the figures, then
     python benchmarks/report.py --from-data run.json   # rewrite page and plots only
@@ -208,7 +208,7 @@ def write(data: dict, output: str) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="every suite, small (< 3 minutes)")
+    parser.add_argument("--quick", action="store_true", help="every suite, small (about 5 minutes on 2 cores)")
     parser.add_argument("--output", default=os.path.join(ROOT, "docs"),
                         help="folder for benchmarks.md and img/ (default: docs/)")
     parser.add_argument("--save-data", metavar="FILE",

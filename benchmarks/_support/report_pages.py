@@ -235,7 +235,7 @@ REPRODUCING = [
     "",
     "```bash",
     "python benchmarks/report.py            # this page and docs/img/",
-    "python benchmarks/report.py --quick    # small sizes, under 3 minutes",
+    "python benchmarks/report.py --quick    # small sizes, about 5 minutes on 2 cores",
     "python -m pytest benchmarks/suites/bench_dispatch.py --benchmark-enable   # one suite's ratios",
     "```",
     "",

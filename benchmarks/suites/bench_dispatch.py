@@ -31,8 +31,10 @@ Every figure is a ratio of two timings measured in the same run (see
   the same four variants (`jax.jit-params` closes over the static part,
   `jax.jit-leaves` takes the flat list of array leaves). Target: filtx <= 0.4x
   jax.jit-params at both sizes (the model is the same object on every call).
-  7 rounds, as the training loops (3 under `FILTX_BENCH_QUICK=1`, which
-  `report.py --quick` sets).
+
+Every loop (training, Adam, inference) takes 7 rounds (3 under
+`FILTX_BENCH_QUICK=1`, which `report.py --quick` sets), the variants of a group
+timed round-robin (`_support/interleave.py`).
 
 Under `--benchmark-disable` each body runs once (a smoke test, a few seconds in
 all, with two training steps of a small MLP instead of 100 of the large one).
@@ -82,7 +84,7 @@ INFER_SIZES = (100, 1000)
 INFER_VARIANTS = ("jax.jit-params", "filtx", "eqx", "jax.jit-leaves")
 INFER_CALLS = 100
 INFER_BATCH = 8
-INFER_QUICK_ROUNDS = 3  # under FILTX_BENCH_QUICK=1 (report.py --quick)
+QUICK_ROUNDS = 3  # the loops' rounds under FILTX_BENCH_QUICK=1 (report.py --quick)
 
 
 def inference_group(size: int) -> str:
@@ -265,7 +267,7 @@ def train_case(smoke, leaves, variant, adam) -> interleave.Case:
     def setup():
         return (step, models.fresh_copy(state), batches, steps), {}
 
-    return interleave.Case(train_loop, rounds=TRAIN_ROUNDS, setup=setup)
+    return interleave.Case(train_loop, rounds=QUICK_ROUNDS if ratios.quick() else TRAIN_ROUNDS, setup=setup)
 
 
 @interleave.round_robin(group=train_group, prepare=train_case)
@@ -414,7 +416,7 @@ def inference_case(smoke, size, variant) -> interleave.Case:
     batches, _ = inference_data(smoke, size)
     calls = TRAIN_SMOKE_STEPS if smoke else INFER_CALLS
     inference_loop(fn, arg, batches, len(batches))  # compile
-    rounds = INFER_QUICK_ROUNDS if ratios.quick() else TRAIN_ROUNDS
+    rounds = QUICK_ROUNDS if ratios.quick() else TRAIN_ROUNDS
     return interleave.Case(inference_loop, rounds=rounds, args=(fn, arg, batches, calls))
 
 

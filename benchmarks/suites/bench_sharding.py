@@ -230,7 +230,8 @@ def first_call_case(smoke, variant) -> interleave.Case:
     if not smoke:
         small = make_model(True)
         step, state = dp_variant(variant, True)
-        loop(step, state, models.regression_batches(1, BATCH, small.in_size, small.out_size), 1)
+        # a copy: the step donates, and the small model is cached (the smoke runs use it)
+        loop(step, models.fresh_copy(state), models.regression_batches(1, BATCH, small.in_size, small.out_size), 1)
     model = make_model(smoke)
     batches = models.regression_batches(1, BATCH, model.in_size, model.out_size)
 
