@@ -2,7 +2,7 @@
 and donation lowering peak memory.
 
 It runs every benchmark, small (about 5 minutes on two CPU cores, more
-more on a loaded machine), so it is marked `report` and left out of the default
+on a loaded machine), so it is marked `report` and left out of the default
 test run (pyproject's addopts say `-m 'not report'`). CI runs it as a step of
 its own: `pytest -m report tests/test_report.py`."""
 
