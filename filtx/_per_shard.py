@@ -11,7 +11,8 @@ At the top level the call runs jitted with the mesh set in context (so a mesh a
 program set with `jax.set_mesh` does not stand in the way of this one), its
 inputs placed as `placements` say: uncommitted ones are moved there, committed
 ones placed otherwise are refused by `jax.jit` (`misplaced` finds them on the
-error path). Inside another trace, the `shard_map` inlines into it. Either way,
+error path; `movable` says which the caller may move, as `jax.shard_map` moves
+them on Auto axes). Inside another trace, the `shard_map` inlines into it. Either way,
 on a mesh's Explicit axes each input's type is made to say its in spec (a
 reshard, where it does not already), as `jax.shard_map` wants from JAX 0.9.1
 and did itself before.
@@ -103,6 +104,17 @@ class PerShard:
             if s is not None and not is_ref(x) and getattr(x, "_committed", False) and not _same_sharding(x, s)
         ]
 
+    def movable(self, x: Any, i: int) -> bool:
+        """Whether input `i`, committed and placed otherwise (see `misplaced`), may be
+        moved where the call takes it, as `jax.shard_map` moves it: on the mesh's
+        devices, with neither its placement nor its spec naming an Explicit axis
+        (on Explicit axes the placement is the array's type, and JAX refuses)."""
+        target, have = self.shardings[i], x.sharding
+        if have.device_set != target.device_set:
+            return False
+        if _explicit_axes(target.mesh, target.spec):
+            return False
+        return not (isinstance(have, NamedSharding) and _explicit_axes(have.mesh, have.spec))
 
     def moved(self, xs: tuple, positions: list, donate_argnums: tuple) -> tuple:
         """The inputs with those at `positions` (see `misplaced`) moved where the call
@@ -118,6 +130,14 @@ class PerShard:
             if donated:
                 old.delete()
         return tuple(xs)
+
+
+def _explicit_axes(mesh: Any, spec: Any) -> frozenset:
+    """The Explicit axes of `mesh` that `spec` names."""
+    named = set()
+    for entry in entries(spec):
+        named.update(entry if isinstance(entry, tuple) else (entry,))
+    return axis_kinds(mesh)[0] & named
 
 
 def _same_sharding(x: Any, sharding: Any) -> bool:

@@ -3,8 +3,9 @@ PartitionSpecs from prefix trees (by position, by name, or callables); every
 other leaf is held static and never given to `shard_map`; outputs may be whole
 models; callable out specs are resolved on the traced per-shard output once per
 signature. Calls run as `jax.jit(jax.shard_map(...))` (see `_per_shard`): at the
-top level, uncommitted inputs are placed as `in_specs` say, and a committed one
-placed otherwise is an error naming its path."""
+top level, uncommitted inputs are placed as `in_specs` say; a committed one
+placed otherwise is moved on Auto axes (as `jax.shard_map` moves it) and is an
+error naming its path where its placement or its spec names an Explicit axis."""
 
 from __future__ import annotations
 
@@ -78,8 +79,12 @@ class _ShardMapWrapper(AheadOfTime, Wrapper):
         except ValueError as e:
             misplaced = run.misplaced(dynamic) if top_level() else None
             if misplaced:
+                refused = [i for i in misplaced if not run.movable(dynamic[i], i)]
+                if not refused:  # on Auto axes: moved, as jax.shard_map moves them
+                    return unpack(*dispatch(run, run.moved(dynamic, misplaced, ()), split, entry))
                 paths = unique_paths(split.root, split.plan, split.pattern)
-                raise misplaced_error(paths, dynamic, run.shardings, None, "in_specs") from None
+                targets = [s if i in refused else None for i, s in enumerate(run.shardings)]
+                raise misplaced_error(paths, dynamic, targets, None, "in_specs") from None
             _user_out_specs(e)
             raise
         except RuntimeError as e:
@@ -200,8 +205,10 @@ def filter_shard_map(
         says on the mesh's Explicit axes (what `jax.shard_map` infers when its
         `in_specs` is left out) and replicated on Auto axes. At the top level,
         uncommitted inputs are placed as their spec says; a committed input
-        placed otherwise is an error naming its path (move it first, as the
-        message says). On Explicit axes, an input's type is resharded to its
+        placed otherwise on the same devices is moved there on Auto axes, as
+        `jax.shard_map` moves it, and is an error naming its path where its
+        placement or its spec names an Explicit axis, or where it is on other
+        devices (move it first, as the message says). On Explicit axes, an input's type is resharded to its
         spec where it differs (inside another trace too).
     - `out_specs`: a prefix of the output, with the same leaves; callables answer
         on the traced per-shard output, once per signature. Non-array outputs come

@@ -1,7 +1,7 @@
 """filter_shard_map on every kind of mesh (Explicit, Auto, mixed; axis types
 always given): whole models in and out, callable out specs, eager calls that
-place what is uncommitted and refuse what is committed elsewhere by path, and
-calls inside filter_jit."""
+place what is uncommitted, move what is committed elsewhere on Auto axes and
+refuse it by path on Explicit ones, and calls inside filter_jit."""
 
 import re
 
@@ -85,9 +85,11 @@ def test_eager_calls_place_uncommitted_inputs_and_trace_once(mesh):
     assert f.__wrapped__.traces <= 2  # the placed input's type names the mesh (on Explicit axes: its sharding)
 
 
-@pytest.mark.parametrize("kind", MESH_KINDS)
-def test_an_eager_input_committed_elsewhere_names_its_path_and_the_fix(kind):
-    mesh = make_mesh(kind)
+@pytest.mark.parametrize("kind", ["explicit", "mixed"])
+def test_an_eager_input_committed_elsewhere_on_explicit_axes_names_its_path_and_the_fix(kind):
+    """On Explicit axes a placement is the array's type: JAX refuses the mismatch,
+    filtx names the leaf and the fix."""
+    mesh = make_mesh(kind)  # `data` is Explicit on both
     f = filtx.filter_shard_map(lambda m: m["w"] * 2, mesh=mesh, in_specs={"m": {"w": P("data")}}, out_specs=P("data"))
     whole = jax.device_put(jnp.ones((N, 2)), NamedSharding(mesh, P()))
     with pytest.raises(ValueError) as caught:
@@ -96,6 +98,32 @@ def test_an_eager_input_committed_elsewhere_names_its_path_and_the_fix(kind):
     assert text.startswith("args[0]['w'] (") and "committed to P()" in text and "in_specs asks for P('data')" in text
     assert "jax.device_put(x, NamedSharding(mesh, P('data')))" in text
     np.testing.assert_array_equal(np.asarray(f({"w": jax.device_put(whole, NamedSharding(mesh, P("data")))})), 2.0)
+
+
+@pytest.mark.parametrize("kind, axis", [("auto", "data"), ("mixed", "model")])
+def test_an_eager_input_committed_elsewhere_on_auto_axes_is_moved_as_jax_shard_map_moves_it(kind, axis):
+    """JAX's shard_map tutorial makes its inputs with `jnp` under `jax.set_mesh`
+    (committed, replicated) and gives them in_specs naming Auto axes: they are
+    moved, as `jax.shard_map` moves them, and the caller's array is untouched."""
+    mesh = make_mesh(kind)
+    size = mesh.shape[axis]
+    f = counting(lambda x: x + jax.lax.axis_index(axis))
+    mapped = filtx.filter_shard_map(f, mesh=mesh, in_specs=P(axis), out_specs=P(axis))
+    x = jax.device_put(jnp.zeros((size, 2)), NamedSharding(mesh, P()))  # as jnp makes it under set_mesh (JAX >= 0.9)
+    expected = jax.jit(jax.shard_map(lambda x: x + jax.lax.axis_index(axis), mesh=mesh, in_specs=P(axis), out_specs=P(axis)))
+    with jax.set_mesh(mesh):
+        want = expected(x)
+    for _ in range(2):
+        out = mapped(x)
+        np.testing.assert_array_equal(np.asarray(out), np.asarray(want))
+        assert placed_as(out, mesh, P(axis))
+    assert not x.is_deleted() and x.sharding.is_fully_replicated
+    np.testing.assert_array_equal(np.asarray(x), 0.0)
+    assert f.traces == 1
+    # On other devices it is refused (as jax.jit refuses it), by path.
+    one_device = jax.device_put(jnp.zeros((size, 2)), jax.devices()[0])
+    with pytest.raises(ValueError, match=r"^args\[0\] \(.*committed to"):
+        mapped(one_device)
 
 
 def test_a_mesh_argument_wins_over_the_ambient_mesh():
