@@ -12,10 +12,10 @@ program set with `jax.set_mesh` does not stand in the way of this one), its
 inputs placed as `placements` say: uncommitted ones are moved there, committed
 ones placed otherwise are refused by `jax.jit` (`misplaced` finds them on the
 error path; `movable` says which the caller may move, as `jax.shard_map` moves
-them on Auto axes). Inside another trace, the `shard_map` inlines into it. Either way,
-on a mesh's Explicit axes each input's type is made to say its in spec (a
-reshard, where it does not already), as `jax.shard_map` wants from JAX 0.9.1
-and did itself before.
+them on Auto axes). Inside another trace, the `shard_map` inlines into it.
+Either way, on a mesh's Explicit axes each input's type is made to say its in
+spec (a reshard, where it does not already), as `jax.shard_map` wants from JAX
+0.9.1 and did itself before.
 """
 
 from __future__ import annotations

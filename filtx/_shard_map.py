@@ -208,8 +208,9 @@ def filter_shard_map(
         placed otherwise on the same devices is moved there on Auto axes, as
         `jax.shard_map` moves it, and is an error naming its path where its
         placement or its spec names an Explicit axis, or where it is on other
-        devices (move it first, as the message says). On Explicit axes, an input's type is resharded to its
-        spec where it differs (inside another trace too).
+        devices (move it first, as the message says). On Explicit axes, an
+        input's type is resharded to its spec where it differs (inside another
+        trace too).
     - `out_specs`: a prefix of the output, with the same leaves; callables answer
         on the traced per-shard output, once per signature. Non-array outputs come
         back as they were returned.
