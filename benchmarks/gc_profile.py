@@ -58,11 +58,7 @@ class Collector:
 
 def profile(leaves: int, rounds: int, frozen: bool, collector: Collector) -> dict:
     """Median (step, collector time per step, collections per step) per variant."""
-    model = bd.train_model(False, leaves)
-    batches = models.regression_batches(4, bd.TRAIN_BATCH, model.in_size, model.out_size)
-    setups = {name: bd.train_setup(variant, False, leaves, True) for name, variant in VARIANTS.items()}
-    for step, state in setups.values():
-        bd.train_loop(step, models.fresh_copy(state), batches, 3)
+    batches, setups = bd.warm_adam_loops(leaves, VARIANTS)
     figures: dict = {name: [] for name in setups}
     names = list(setups)
     for r in range(rounds):

@@ -48,11 +48,7 @@ LOOPS = {"floor": "jax.jit-leaves", "jax.jit": "jax.jit-params", "filtx": "filtx
 
 def loop_times(leaves: int, rounds: int) -> dict:
     """Median seconds per step of each loop variant, rounds interleaved."""
-    model = bd.train_model(False, leaves)
-    batches = models.regression_batches(4, bd.TRAIN_BATCH, model.in_size, model.out_size)
-    setups = {name: bd.train_setup(variant, False, leaves, True) for name, variant in LOOPS.items()}
-    for step, state in setups.values():
-        bd.train_loop(step, models.fresh_copy(state), batches, 3)
+    batches, setups = bd.warm_adam_loops(leaves, LOOPS)
     times: dict = {name: [] for name in setups}
     for _ in range(rounds):
         for name, (step, state) in setups.items():

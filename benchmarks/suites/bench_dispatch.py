@@ -200,6 +200,18 @@ def train_model(smoke: bool, leaves: int | str | None = None):
     return models.train_mlp(**(TRAIN_SMOKE_MODEL if smoke else {}))
 
 
+def warm_adam_loops(leaves: int, variants: dict) -> tuple[list, dict]:
+    """`(batches, {name: (step, state)})`: the timed Adam loop of `leaves` array
+    leaves for each `variants` name -> variant, compiled (three steps on a copy of
+    the state); for the profiles (`step_parts.py`, `gc_profile.py`)."""
+    model = train_model(False, leaves)
+    batches = models.regression_batches(4, TRAIN_BATCH, model.in_size, model.out_size)
+    setups = {name: train_setup(variant, False, leaves, True) for name, variant in variants.items()}
+    for step, state in setups.values():
+        train_loop(step, models.fresh_copy(state), batches, 3)
+    return batches, setups
+
+
 @ft.cache
 def train_setup(variant: str, smoke: bool, leaves: int | str | None = None, adam: bool = False):
     """`(step, state)`: `step(*state, x, y) -> (*state, loss)` is one donating SGD
