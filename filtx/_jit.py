@@ -21,7 +21,7 @@ from ._errors import SpecError, output_path
 from ._sharding import OUT_SHARDINGS, SHARDINGS, check_mesh, place, placed, under_mesh
 from ._share import unique_donation
 from ._typing import Jitted
-from ._wrapper import Wrapper, check_options, dispatch, freeze, fun_donates
+from ._wrapper import Wrapper, check_options, dispatch, freeze, fun_donates, made_by
 
 __all__ = ["filter_jit"]
 
@@ -217,6 +217,11 @@ def filter_jit(
         )
     if not callable(fun):
         raise TypeError(f"filter_jit needs a callable, got {type(fun).__name__}.")
-    return _JitWrapper(
+    options = dict(
+        donate=donate, specs=specs, share=share, in_shardings=in_shardings, out_shardings=out_shardings,
+        mesh=mesh, reuse_outputs=reuse_outputs, **jitkwargs,
+    )
+    wrapper = _JitWrapper(
         fun, donate, specs, bool(share), jitkwargs, (in_shardings, out_shardings, mesh), bool(reuse_outputs)
     )
+    return made_by(wrapper, filter_jit, options)

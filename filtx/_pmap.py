@@ -39,7 +39,7 @@ from ._roles import if_array, is_ref, parse_mode
 from ._share import unique_donation
 from ._typing import Pmapped
 from ._varying import check_unmapped_outputs
-from ._wrapper import Wrapper, dispatch, freeze, fun_donates
+from ._wrapper import Wrapper, dispatch, freeze, fun_donates, made_by
 
 __all__ = ["filter_pmap"]
 
@@ -302,7 +302,12 @@ def filter_pmap(
         )
     if not callable(fun):
         raise TypeError(f"filter_pmap needs a callable, got {type(fun).__name__}.")
-    return _PmapWrapper(fun, in_axes, out_axes, axis_name, axis_size, donate, specs, bool(share), devices, backend)
+    options = dict(
+        in_axes=in_axes, out_axes=out_axes, axis_name=axis_name, axis_size=axis_size, donate=donate,
+        specs=specs, share=share, devices=devices, backend=backend,
+    )
+    wrapper = _PmapWrapper(fun, in_axes, out_axes, axis_name, axis_size, donate, specs, bool(share), devices, backend)
+    return made_by(wrapper, filter_pmap, options)
 
 
 def _check_unknown(unknown: dict) -> None:

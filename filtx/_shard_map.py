@@ -30,7 +30,7 @@ from ._gather import first_positions
 from ._roles import MODES, is_ref, static
 from ._sharding import OUT_SPECS, SPECS, ambient_concrete_mesh, ambient_mesh, check_mesh, inferred_spec, misplaced_error
 from ._typing import Jitted
-from ._wrapper import Wrapper, dispatch, freeze
+from ._wrapper import Wrapper, dispatch, freeze, made_by
 
 __all__ = ["filter_shard_map"]
 
@@ -253,5 +253,10 @@ def filter_shard_map(
         )
     if not callable(fun):
         raise TypeError(f"filter_shard_map needs a callable, got {type(fun).__name__}.")
-    return _ShardMapWrapper(fun, mesh, in_specs, out_specs, axis_names, check_vma, specs, bool(share))
+    options = dict(
+        mesh=mesh, in_specs=in_specs, out_specs=out_specs, axis_names=axis_names, check_vma=check_vma,
+        specs=specs, share=share,
+    )
+    wrapper = _ShardMapWrapper(fun, mesh, in_specs, out_specs, axis_names, check_vma, specs, bool(share))
+    return made_by(wrapper, filter_shard_map, options)
 

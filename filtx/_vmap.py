@@ -27,7 +27,7 @@ from ._placement import AXES
 from ._resolve import LeafResolver
 from ._roles import MODES, if_array
 from ._typing import Mapped
-from ._wrapper import Wrapper, check_options, dispatch, freeze
+from ._wrapper import Wrapper, check_options, dispatch, freeze, made_by
 
 __all__ = ["filter_vmap"]
 
@@ -266,4 +266,6 @@ def filter_vmap(
         )
     if not callable(fun):
         raise TypeError(f"filter_vmap needs a callable, got {type(fun).__name__}.")
-    return _VmapWrapper(fun, in_axes, out_axes, axis_name, axis_size, specs, bool(share), vmapkwargs)
+    options = dict(in_axes=in_axes, out_axes=out_axes, axis_name=axis_name, axis_size=axis_size, specs=specs, share=share, **vmapkwargs)
+    wrapper = _VmapWrapper(fun, in_axes, out_axes, axis_name, axis_size, specs, bool(share), vmapkwargs)
+    return made_by(wrapper, filter_vmap, options)

@@ -24,7 +24,7 @@ from ._share import any_deleted, refused_aliasing
 from ._sharding import misplaced_error
 from ._signature import signature_key
 
-__all__ = ["Wrapper", "Bound", "freeze", "check_options", "as_pytree", "fun_donates", "dispatch"]
+__all__ = ["Wrapper", "Bound", "freeze", "check_options", "as_pytree", "fun_donates", "dispatch", "made_by"]
 
 
 def as_pytree(fun: Callable) -> Any:
@@ -68,6 +68,13 @@ def check_options(transform: str, own: list[str], passthrough: Callable, extra: 
     for name in extra:
         if name not in accepted:
             raise unknown_option_error(transform, name, own, f"jax.{passthrough.__name__}")
+
+
+def made_by(wrapper: "Wrapper", factory: Callable, options: dict) -> "Wrapper":
+    """Remember the public call that made `wrapper` (`filter_jit(fun, **options)`),
+    so that it can be made again with some options changed (`Wrapper.replace`)."""
+    wrapper._made_by = (factory, options)
+    return wrapper
 
 
 def _name(fun: Any) -> str:
@@ -124,6 +131,18 @@ class Wrapper:
         if isinstance(owner, type):
             owner = getattr(owner, "__call__", None)
         return owner if isinstance(owner, types.FunctionType) else None
+
+    def replace(self, **changes: Any) -> "Wrapper":
+        """The same wrapper made again by its public factory with `changes` to its
+        options (`wrapper.replace(donate="none")`); a fresh wrapper, compiling on
+        its own only where its options differ."""
+        factory, options = self._made_by
+        return factory(self._given, **{**options, **changes})
+
+    @property
+    def options(self) -> dict:
+        """The keyword options this wrapper was made with."""
+        return dict(self._made_by[1])
 
     # -- the wrapper as a pytree ---------------------------------------------------
 
