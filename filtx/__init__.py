@@ -27,6 +27,7 @@ them, never importing each other):
 - `_mapped`: what the mapped transforms share
 - `_donation`: which donated buffers an output reuses; warnings and the strict mode
 - `_donation_report`: `donation_report`
+- `_mutation`: arguments changed in place inside a function (`MutatedArgumentWarning`)
 - `_errors`: every user-facing message; `_explain`: explained retraces
 - `_eqx_errors`: Equinox's runtime errors raised as `eqx.filter_jit` raises them
 - `_per_shard`: `jax.jit(jax.shard_map(...))`, what filter_shard_map and filter_pmap share
@@ -44,6 +45,7 @@ from ._donation import UnusableDonationWarning
 from ._donation_report import DonationReport, DonationRow, donation_report
 from ._eqx_errors import block_until_ready
 from ._jit import filter_jit
+from ._mutation import MutatedArgumentWarning
 from ._pmap import filter_pmap
 from ._reuse import reuse_outputs
 from ._roles import donate, if_array, is_array, static, traced
@@ -77,5 +79,6 @@ __all__ = [
     "DonationReport",
     "DonationRow",
     "UnusableDonationWarning",
+    "MutatedArgumentWarning",
     "block_until_ready",
 ]

@@ -19,10 +19,8 @@ from . import _share
 from ._caches import MAX_ENTRIES_PER_PLAN, MAX_PLANS, insert_bounded, register
 from ._errors import (
     PartialAliasing,
-    call_leaf_paths,
     deleted_array_error,
     dynamic_paths,
-    mutated_argument_error,
     partial_aliasing_error,
     unhashable_static_error,
 )
@@ -31,6 +29,7 @@ from ._eqx_errors import MARKER, note_trace
 from ._explain import CallSignature, explain_new_avals, explain_new_entry, explaining
 from ._gather import first_positions, getter
 from ._layout import Layout, make as make_layout
+from ._mutation import warn_if_changed
 from ._plan import Plan, canonical_plan, static_types_of
 from ._resolve import LeafResolver
 from ._reuse import Records, passed_candidates, slotted, spliced_leaves
@@ -281,7 +280,7 @@ def flat_function(
     donation: tuple | None = None,
 ) -> Callable:
     """`flat(*unique_dynamic) -> body(fun, args, kwargs, dynamic)`: the call rebuilt
-    inside the trace, refusing arguments the function changed in place. It keeps
+    inside the trace, warning of arguments the function changed in place. It keeps
     the split's plan, static leaves and pattern, never its arguments.
 
     `donation=(mode, donated)` (one flag per unique value) checks, once per
@@ -305,7 +304,7 @@ def flat_function(
             last_avals[:] = [avals]
         fun, args, kwargs = root
         out = body(fun, args, kwargs, dynamic)
-        _check_unchanged(root, leaves, plan, transform)
+        warn_if_changed(root, leaves, plan.treedef, transform, name, source)
         if donation is not None:
             mode, donated = donation
             check_donations(
@@ -325,33 +324,3 @@ def flat_function(
 
 
 _FLAT_SIGNATURE = inspect.Signature([inspect.Parameter("dynamic", inspect.Parameter.VAR_POSITIONAL)])
-
-
-def _check_unchanged(root: Any, passed: tuple, plan: Plan, transform: str) -> None:
-    """Refuse a call that assigned into its arguments: the change would be lost.
-    An argument that refuses to be flattened again (an `eqx.nn.State` the call
-    consumed, on purpose) is the owner's business: nothing is said."""
-    try:
-        after, treedef = jax.tree_util.tree_flatten(root)
-    except Exception:
-        return
-    if treedef == plan.treedef and all(map(_same_leaf, after, passed)):
-        return
-    before_paths = call_leaf_paths(plan.treedef.unflatten(passed))
-    if treedef != plan.treedef:
-        after_paths = call_leaf_paths(root)
-        changed = sorted(set(after_paths) ^ set(before_paths)) or before_paths
-    else:
-        changed = [p for p, a, b in zip(before_paths, after, passed) if not _same_leaf(a, b)]
-    raise mutated_argument_error(changed[0], transform)
-
-
-def _same_leaf(a: Any, b: Any) -> bool:
-    if a is b:
-        return True
-    if isinstance(a, jax.Array) or isinstance(b, jax.Array):
-        return False
-    try:
-        return type(a) is type(b) and bool(a == b)
-    except Exception:
-        return False

@@ -139,13 +139,17 @@ def callable_spec_error(root: Any, deferred: list, leaves: list, error: Exceptio
     )
 
 
-def mutated_argument_error(path: str, transform: str) -> ValueError:
-    return ValueError(
-        f"{path} was changed in place inside {transform} (an item assigned, an "
-        f"attribute or a Flax NNX Variable set): the change would be lost, since a "
-        f"compiled function sees a copy of its arguments. Return the new value "
-        f"instead (e.g. `return new_state`, then use it). For Flax NNX, split the "
-        f"module with `nnx.split` and `nnx.merge` it inside, or use `nnx.jit`."
+def mutated_argument_message(paths: list[str], transform: str, name: str) -> str:
+    were = "was" if len(paths) == 1 else "were"
+    return (
+        f"{', '.join(paths)} {were} changed in place inside {transform}({name}) (an item "
+        f"assigned, an attribute or a Flax NNX Variable set). The caller does not see the "
+        f"change: the function works on a copy of its arguments, as under jax.jit and "
+        f"Equinox. If the caller needs it, return the new value instead (e.g. `return out, "
+        f"new_state`, then use it); for Flax NNX, `nnx.split` the module and `nnx.merge` it "
+        f"inside, or use `nnx.jit`. If it is scratch space used only inside, nothing is "
+        f"lost. To make this an error: "
+        f"warnings.simplefilter('error', filtx.MutatedArgumentWarning)."
     )
 
 
