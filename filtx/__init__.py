@@ -27,6 +27,7 @@ them, never importing each other):
 - `_mapped`: what the mapped transforms share
 - `_donation`: which donated buffers an output reuses; warnings and the strict mode
 - `_donation_report`: `donation_report`
+- `_compare`, `_compare_runs`, `_comparison`, `_memory`: `compare_donation`, its rows and its result
 - `_mutation`: arguments changed in place inside a function (`MutatedArgumentWarning`)
 - `_errors`: every user-facing message; `_explain`: explained retraces
 - `_eqx_errors`: Equinox's runtime errors raised as `eqx.filter_jit` raises them
@@ -41,6 +42,8 @@ import os as _os
 from jax._src import traceback_util as _traceback_util
 
 from ._caches import clear_caches
+from ._compare import compare_donation
+from ._comparison import DonationComparison, ModeRow
 from ._donation import UnusableDonationWarning
 from ._donation_report import DonationReport, DonationRow, donation_report
 from ._eqx_errors import block_until_ready
@@ -79,6 +82,9 @@ __all__ = [
     "DonationReport",
     "DonationRow",
     "UnusableDonationWarning",
+    "compare_donation",
+    "DonationComparison",
+    "ModeRow",
     "MutatedArgumentWarning",
     "block_until_ready",
 ]

@@ -90,6 +90,24 @@ _TABLE_LOCK = threading.Lock()
 _TABLE_ATTRIBUTE = "__filtx_shared__"
 
 
+class _Unshared(threading.local):
+    depth = 0
+
+
+_unshared = _Unshared()
+
+
+class unshared:
+    """Within `with unshared():`, wrappers made in this thread get compile state
+    of their own, shared with no equal wrapper (a cold first call, measured)."""
+
+    def __enter__(self):
+        _unshared.depth += 1
+
+    def __exit__(self, *exc):
+        _unshared.depth -= 1
+
+
 def code_owner(fun: Any) -> Any:
     """The object whose code runs when `fun` is called: the function itself, a
     partial's or a method's function, or a callable object's class."""
@@ -113,6 +131,8 @@ def shared_by_code(fun: Any, key: Any, make: Callable[[], Any]) -> Any:
     The table lives on the function (or class) itself, so it lives and dies with
     it: a dropped lambda releases its compiled entries and what it closed over.
     """
+    if _unshared.depth:
+        return make()
     owner = code_owner(fun)
     try:
         hash(key)

@@ -1,0 +1,356 @@
+"""The rows of a donation comparison: a `Run` is one donation mode of a user's
+step made afresh (its own compile state, so its first call is cold), on copies
+of the inputs (nothing the caller passed is donated), with its outputs fed to
+the next call as a training loop feeds them. `compare_donation` times runs
+round-robin; the `donation_benchmark` fixture times one with pytest-benchmark.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import sys
+import time
+import types
+import warnings
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+from ._caches import unshared
+from ._donation_report import donation_report
+from ._errors import call_leaf_paths
+from ._memory import block, fresh_tree, is_deleted
+from ._roles import is_array, parse_mode
+from ._wrapper import Bound, Wrapper, as_pytree
+
+__all__ = ["Run", "make_runs", "Feeding"]
+
+
+class Feeding:
+    """How a call's output becomes the next call's arguments: `feed(args, out)`
+    when given, else the output's leading items that look like the leading
+    arguments (structure and abstract values), or its whole, like `args[0]`."""
+
+    def __init__(self, feed: Callable | None):
+        self.feed = feed
+        self.count = 0  # leading arguments fed from the output
+        self.whole = False  # the output itself is args[0]
+
+    def learn(self, args: tuple, out: Any) -> None:
+        if self.feed is not None or not args:
+            return
+        if _alike(out, args[0]):
+            self.count, self.whole = 1, True
+            return
+        if isinstance(out, (tuple, list)):
+            while self.count < min(len(out), len(args)) and _alike(out[self.count], args[self.count]):
+                self.count += 1
+
+
+def _alike(a: Any, b: Any) -> bool:
+    la, ta = jax.tree_util.tree_flatten(a)
+    lb, tb = jax.tree_util.tree_flatten(b)
+    if ta != tb:
+        return False
+    for x, y in zip(la, lb):
+        if is_array(x) != is_array(y):
+            return False
+        if is_array(x) and (np.shape(x) != np.shape(y) or np.result_type(x) != np.result_type(y)):
+            return False
+    return True
+
+
+class Run:
+    """One row of a comparison: `call(fun_tree)` gives the step to call with this
+    row's copy of the function's own pytree; `lower(callee, args, kwargs)` its
+    compiled executable; `report(callee, args, kwargs)` the unusable paths."""
+
+    def __init__(self, label, modes, bind, fun_tree, originals, feeding, lower, report):
+        self.label, self.modes, self.bind = label, modes, bind
+        self.fun_tree, self.originals, self.feeding = fun_tree, originals, feeding
+        self.lower, self.report = lower, report
+        self.error: str | None = None
+        self.times: list[float] = []
+        self.first: float | None = None
+        self.device_peak: int | None = None
+        self.out = None
+        self.copy_fun = self.copy_tail = self.copy_kwargs = False
+        self.fix: list[int] = []  # positions of held leaves a user's `feed` gives back donated
+
+    # -- the first calls ---------------------------------------------------------
+
+    def start(self) -> None:
+        """The cold call, on fresh copies; errors are kept in the row."""
+        fun0, args0, kwargs0 = self.originals
+        self.fun_tree = fresh_tree(fun0)
+        args, kwargs = fresh_tree(args0), fresh_tree(kwargs0)
+        before = _device_peak()
+        try:
+            t0 = time.perf_counter()
+            self.out = out = self.bind(self.fun_tree)(*args, **kwargs)
+            block(out)
+            self.first = time.perf_counter() - t0
+        except Exception as e:  # a mode may fail ("strict"); the other rows go on
+            self.error = f"{type(e).__name__}: {e}"
+            return
+        self.feeding.learn(args, out)
+        self.args, self.kwargs = args, kwargs
+        self.copy_fun = _any_deleted(self.fun_tree)
+        self.copy_kwargs = _any_deleted(kwargs)
+        self.copy_tail = _any_deleted(args[self.feeding.count:])
+        self.args = self._next_args(args, out, None, check=True)
+        self.device_peak = _device_peak(above=before)
+        self.window = _window(out)
+
+    def warm(self, calls: int = 1) -> float:
+        """`calls` untimed pipelined calls; their time."""
+        return self.timed(self.prepare(calls))
+
+    # -- timed rounds ------------------------------------------------------------
+
+    def prepare(self, calls: int) -> list[tuple]:
+        """Fresh copies, outside the timed region, for every call of a round:
+        of the function's pytree, the held arguments and keyword arguments this
+        mode donates (and deletes); the same objects where it does not."""
+        fun0, args0, kwargs0 = self.originals
+        count = self.feeding.count
+        sets = []
+        for _ in range(calls):
+            fun = fresh_tree(fun0) if self.copy_fun else self.fun_tree
+            tail = tuple(fresh_tree(args0[count:])) if self.copy_tail else self.args[count:]
+            kwargs = fresh_tree(kwargs0) if self.copy_kwargs else self.kwargs
+            fix = None
+            if self.fix:
+                leaves = jax.tree_util.tree_leaves(args0)
+                fix = {p: fresh_tree(leaves[p]) for p in self.fix}
+            sets.append((self.bind(fun), tail, kwargs, fix))
+        block(sets)
+        return sets
+
+    def timed(self, sets: list[tuple]) -> float:
+        """The calls of one round, pipelined, with one block at the end."""
+        count, whole, feed = self.feeding.count, self.feeding.whole, self.feeding.feed
+        args, out, window = self.args, self.out, self.window
+        t0 = time.perf_counter()
+        if feed is None:
+            fed = args[:count]
+            for i, (call, tail, kwargs, _) in enumerate(sets, 1):
+                out = call(*fed, *tail, **kwargs)
+                fed = (out,) if whole else tuple(out[:count])
+                if window and i % window == 0:
+                    block(out)
+            args = (*fed, *tail)
+        else:
+            for i, (call, _, kwargs, fix) in enumerate(sets, 1):
+                out = call(*args, **kwargs)
+                args = self._next_args(args, out, fix, check=False)
+                if window and i % window == 0:
+                    block(out)
+        block(out)
+        seconds = time.perf_counter() - t0
+        self.args, self.out = args, out
+        return seconds
+
+    def _next_args(self, args: tuple, out: Any, fix: dict | None, check: bool) -> tuple:
+        if self.feeding.feed is None:
+            count = self.feeding.count
+            return ((out,) if self.feeding.whole else tuple(out[:count])) + tuple(args[count:])
+        new = tuple(self.feeding.feed(args, out))
+        if check:
+            _check_fed(self.label, args, new)
+            old = jax.tree_util.tree_leaves(args)
+            self.fix = [p for p, x in enumerate(jax.tree_util.tree_leaves(new)) if x is old[p] and is_deleted(x)]
+            if self.fix:
+                fix = {p: fresh_tree(jax.tree_util.tree_leaves(self.originals[1])[p]) for p in self.fix}
+        return _with_leaves(new, fix) if fix else new
+
+    def live_inputs(self) -> tuple:
+        """A call's worth of live inputs: `(callee, args, kwargs)`."""
+        call, tail, kwargs, fix = self.prepare(1)[0]
+        if self.feeding.feed is None:
+            return call, self.args[: self.feeding.count] + tuple(tail), kwargs
+        return call, _with_leaves(self.args, fix) if fix else self.args, kwargs
+
+
+def _with_leaves(tree: Any, leaves_at: dict) -> Any:
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    for p, x in leaves_at.items():
+        leaves[p] = x
+    return treedef.unflatten(leaves)
+
+
+def _check_fed(label: str, args: tuple, new: tuple) -> None:
+    if len(new) != len(args) or jax.tree_util.tree_structure(new) != jax.tree_util.tree_structure(args):
+        from ._errors import keystr
+
+        old_paths = {keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(args)[0]}
+        new_paths = {keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(new)[0]}
+        differ = sorted(old_paths ^ new_paths) or ["(the containers' types)"]
+        raise ValueError(
+            f"compare_donation, mode {label}: feed(args, out) returned arguments of another structure "
+            f"than the step's (differing at args{differ[0]}); return the next call's positional "
+            f"arguments with the same structure as `args`."
+        )
+
+
+def _window(out: Any) -> int | None:
+    """Steps in flight at most (a block every so many calls): on CPU, the virtual devices of a step that spans
+    several wait for each other at every collective, and XLA aborts the process
+    when too many steps are queued; elsewhere, unbounded."""
+    for x in jax.tree_util.tree_leaves(out):
+        if isinstance(x, jax.Array) and len(x.sharding.device_set) > 1:
+            return 4 if next(iter(x.sharding.device_set)).platform == "cpu" else None
+    return None
+
+
+def _any_deleted(tree: Any) -> bool:
+    return any(is_deleted(x) for x in jax.tree_util.tree_leaves(tree))
+
+
+def _device_peak(above: int | None = None) -> int | None:
+    try:
+        stats = jax.local_devices()[0].memory_stats()
+    except Exception:
+        return None
+    peak = (stats or {}).get("peak_bytes_in_use")
+    if peak is None or (above is not None and peak <= above):
+        return None
+    return int(peak)
+
+
+# ---------------------------------------------------------------------------
+# The rows
+
+
+def _copy_callable(fun: Any) -> Any:
+    """The callable with fresh copies of the arrays it holds (a Module's, a
+    partial's arguments, a bound method's instance), of the same kind."""
+    if type(fun) is functools.partial:
+        return functools.partial(fun.func, *fresh_tree(fun.args), **fresh_tree(fun.keywords))
+    if isinstance(fun, types.MethodType):
+        return types.MethodType(fun.__func__, fresh_tree(fun.__self__))
+    return fresh_tree(fun)
+
+
+def _fresh_function(fun: Callable) -> Callable:
+    """A new function object with `fun`'s code: caches keyed on the function miss."""
+    if isinstance(fun, types.FunctionType):
+        new = types.FunctionType(fun.__code__, fun.__globals__, fun.__name__, fun.__defaults__, fun.__closure__)
+        new.__kwdefaults__, new.__qualname__ = fun.__kwdefaults__, fun.__qualname__
+        return new
+    return fun
+
+
+def _apply(fun, *args, **kwargs):
+    return fun(*args, **kwargs)
+
+
+def make_runs(step: Any, args: tuple, kwargs: dict, modes: Any, feed: Callable | None, baselines=()) -> list[Run]:
+    """The rows of a comparison, modes that donate the same leaves merged."""
+    if isinstance(step, Bound):
+        args, kwargs, step = tuple(step.args) + tuple(args), {**step.keywords, **kwargs}, step.func
+    from ._jit import filter_jit
+
+    if isinstance(step, Wrapper) and hasattr(step, "_made_by") and "donate" in step.options:
+        factory, options, given = step._made_by[0], step.options, step._given
+    else:  # a plain function, a filter_shard_map or filter_vmap wrapper: donation at a filter_jit around it
+        factory, options, given = filter_jit, {"donate": "none"}, step
+    own = options["donate"]
+    wanted = [own, "none", "arrays"] if modes is None else [modes] if isinstance(modes, str) else list(modes)
+    for mode in wanted:
+        parse_mode(mode)
+    _check_live(args, kwargs)
+    feeding = Feeding(feed)
+    originals = (as_pytree(given), args, kwargs)
+    groups: dict = {}
+    for mode in dict.fromkeys(wanted):
+        with unshared():
+            probe = factory(given, **{**options, "donate": mode})
+        plan = probe._boundary.split(probe._fun, args, kwargs).plan
+        groups.setdefault((tuple(plan.donate_mask), parse_mode(mode).strict), []).append(mode)
+    runs = []
+    for names in groups.values():
+        make = functools.partial(factory, **{**options, "donate": names[0]})
+        runs.append(Run(" / ".join(names), tuple(names), _Filtx(make, given), None, originals, feeding, _lower_filtx, _unusable))
+    for baseline in baselines:
+        if baseline != "equinox":
+            raise ValueError(f"compare_donation: baselines takes 'equinox', got {baseline!r}.")
+        runs.extend(_equinox_runs(given, factory is filter_jit, originals, feeding))
+    return runs
+
+
+def _check_live(args: tuple, kwargs: dict) -> None:
+    root = (None, args, kwargs)
+    leaves = jax.tree_util.tree_leaves(root)
+    for i, x in enumerate(leaves):
+        if is_deleted(x):
+            path = call_leaf_paths(root)[i]
+            raise ValueError(
+                f"compare_donation: {path} was donated (deleted) before the comparison; "
+                f"pass live arrays (the comparison runs on copies and deletes nothing of yours)."
+            )
+
+
+def _equinox_runs(given: Any, from_jit: bool, originals: tuple, feeding: Feeding) -> list[Run]:
+    eqx = sys.modules.get("equinox")
+    if eqx is None:
+        raise ValueError("compare_donation: baselines=('equinox',) uses the Equinox you imported; import equinox first.")
+    if not from_jit:
+        raise ValueError("compare_donation: the Equinox baseline is eqx.filter_jit, for a filter_jit step or a plain function.")
+    holds = any(map(is_array, jax.tree_util.tree_leaves(as_pytree(given))))
+    runs = []
+    for donate in ("all", "none"):
+        label = f"eqx donate={donate!r}"
+        callee = _Equinox(eqx, given, holds, donate)
+        runs.append(Run(label, (label,), callee, None, originals, feeding, _lower_equinox, lambda *a: None))
+    return runs
+
+
+class _Filtx:
+    """A row's filtx wrapper, made on first use with compile state of its own
+    (`reset` forgets it: the next use is cold again); called with the row's copy
+    of the function's own pytree, it gives the wrapper holding that copy."""
+
+    def __init__(self, make: Callable, given: Any):
+        self.make, self.given, self.wrapper = make, given, None
+
+    def reset(self) -> None:
+        self.wrapper = None
+
+    def __call__(self, fun_tree: Any) -> Any:
+        if self.wrapper is None:
+            with unshared():
+                self.wrapper = self.make(_copy_callable(self.given))
+        wrapper = self.wrapper
+        return wrapper if fun_tree is wrapper._fun else wrapper._with_fun(fun_tree)
+
+
+class _Equinox(_Filtx):
+    """An Equinox baseline's `eqx.filter_jit`, on a new function object (so its
+    caches miss); a function holding arrays is passed as the first argument."""
+
+    def __init__(self, eqx: Any, given: Any, holds: bool, donate: str):
+        make = lambda _: eqx.filter_jit(_fresh_function(_apply if holds else given), donate=donate)  # noqa: E731
+        super().__init__(make, given)
+        self.holds = holds
+
+    def __call__(self, fun_tree: Any) -> Any:
+        if self.wrapper is None:
+            self.wrapper = self.make(None)
+        return functools.partial(self.wrapper, fun_tree) if self.holds else self.wrapper
+
+
+def _lower_filtx(callee, args, kwargs):
+    return callee.lower(*args, **kwargs).compile()
+
+
+def _lower_equinox(callee, args, kwargs):
+    if isinstance(callee, functools.partial):
+        return callee.func.lower(*callee.args, *args, **kwargs).compile()
+    return callee.lower(*args, **kwargs).compile()
+
+
+def _unusable(callee, args, kwargs) -> tuple[str, ...]:
+    return tuple(r.path for r in donation_report(callee, *args, **kwargs).unusable)

@@ -1,0 +1,199 @@
+"""What `filtx.compare_donation` gives back: a `ModeRow` per donation mode, and
+the `DonationComparison` that holds them (a table, the best row, plain dicts, a
+plot). Nothing here measures anything or imports more than the standard library
+until a plot is asked for."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+__all__ = ["ModeRow", "DonationComparison", "format_bytes"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ModeRow:
+    """One row of a `DonationComparison`: a step measured under one donation mode
+    (or several modes that donate exactly the same leaves).
+
+    Fields:
+
+    - `mode`: the row's label, the modes it stands for joined by `" / "`
+        (`"warn / arrays"`), or `"eqx donate='all'"` for an Equinox baseline;
+        `modes`: their names, a tuple.
+    - `seconds_per_call`: the median over rounds of a warm call's time (each
+        round is `calls` pipelined calls with one block); `seconds_iqr`: the
+        interquartile range of those per-call times.
+    - `first_call_seconds`: a cold call (trace, compile, run), with nothing cached.
+    - `peak_bytes`: the device memory the step needs while it runs, from the
+        compiled executable's memory analysis (XLA's simulated heap peak);
+        `peak_source` is `"xla peak"`, or `"sum"` where the backend reports no peak
+        and the sum arguments + outputs - aliased + temporaries stands in (it
+        overstates a donating step's temporaries).
+    - `donated_bytes`, `reused_bytes`: the bytes of the donated arguments, and of
+        those an output reuses (aliases).
+    - `unusable`: the paths of donated leaves no output reuses, as
+        `filtx.donation_report` names them (`None` for Equinox's rows: Equinox
+        does not say).
+    - `same_result`: every output leaf equals the first row's after the same
+        calls (within `rtol=1e-6`); `max_difference`: the largest absolute
+        difference seen.
+    - `device_peak_bytes`: the device's own high-water mark where it reports one
+        (accelerators) and this row raised it; `None` on CPU.
+    - `error`: where the step failed in this mode, the error's type and message
+        (the row's figures are then `None`).
+
+    Bytes are per device for `filter_pmap` and sharded steps
+    (`DonationComparison.per_device`).
+    """
+
+    mode: str
+    modes: tuple[str, ...]
+    seconds_per_call: float | None = None
+    seconds_iqr: float | None = None
+    first_call_seconds: float | None = None
+    peak_bytes: int | None = None
+    peak_source: str | None = None
+    donated_bytes: int | None = None
+    reused_bytes: int | None = None
+    unusable: tuple[str, ...] | None = None
+    same_result: bool = False
+    max_difference: float | None = None
+    device_peak_bytes: int | None = None
+    error: str | None = None
+
+
+def format_bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n} B"
+
+
+def _seconds(s: float | None) -> str:
+    if s is None:
+        return "-"
+    if s >= 1:
+        return f"{s:.2f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.3g} ms"
+    return f"{s * 1e6:.3g} us"
+
+
+_BY = ("peak_bytes", "seconds_per_call")
+
+
+@dataclasses.dataclass(frozen=True)
+class DonationComparison:
+    """The result of `filtx.compare_donation`: `rows`, one `ModeRow` per measured
+    mode; `str(comparison)` is a table; `best(by=...)` picks a row;
+    `as_dicts()` gives plain JSON-able dicts; `plot(path=None)` draws time and
+    peak memory per mode (matplotlib, the `plot` extra).
+
+    `function` names the step, `rounds` and `calls` say how it was timed
+    (`rounds` rounds of `calls` pipelined calls per mode, round-robin), and
+    `per_device` is true where bytes are per device (`filter_pmap`, sharded
+    steps; `devices` says over how many).
+    """
+
+    function: str
+    rows: tuple[ModeRow, ...]
+    rounds: int
+    calls: int
+    per_device: bool = False
+    devices: int = 1
+
+    def best(self, by: str = "peak_bytes") -> ModeRow:
+        """The row with the least `peak_bytes` (ties: the faster) or the least
+        `seconds_per_call`, among rows that ran and gave the same result."""
+        if by not in _BY:
+            raise ValueError(f"best(by=...) takes one of {', '.join(map(repr, _BY))}, got {by!r}.")
+        other = _BY[1 - _BY.index(by)]
+        ok = [r for r in self.rows if r.error is None and r.same_result and getattr(r, by) is not None]
+        if not ok:
+            raise ValueError(f"no row of this comparison ran with the same result and a {by} figure.")
+        return min(ok, key=lambda r: (getattr(r, by), getattr(r, other) or 0))
+
+    def as_dicts(self) -> list[dict[str, Any]]:
+        """Every row as a dict of plain values (tuples become lists), ready for `json.dumps`."""
+        out = []
+        for row in self.rows:
+            d = dataclasses.asdict(row)
+            d["modes"] = list(row.modes)
+            d["unusable"] = None if row.unusable is None else list(row.unusable)
+            d["per_device"] = self.per_device
+            out.append(d)
+        return out
+
+    def __str__(self) -> str:
+        header = ("mode", "time/call", "+-", "first call", "peak", "donated", "reused", "unusable", "same result")
+        body = []
+        for r in self.rows:
+            if r.error is not None:
+                body.append((r.mode, "failed", "", "", "", "", "", "", ""))
+                continue
+            peak = format_bytes(r.peak_bytes) + ("*" if r.peak_source == "sum" else "")
+            unusable = "?" if r.unusable is None else str(len(r.unusable))
+            same = "yes" if r.same_result else f"no ({r.max_difference:.3g})" if r.max_difference is not None else "no"
+            body.append((
+                r.mode, _seconds(r.seconds_per_call), _seconds(r.seconds_iqr), _seconds(r.first_call_seconds),
+                peak, format_bytes(r.donated_bytes), format_bytes(r.reused_bytes), unusable, same,
+            ))
+        widths = [max(len(str(row[i])) for row in [header, *body]) for i in range(len(header))]
+        line = lambda row: "  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip()  # noqa: E731
+        where = f", bytes per device ({self.devices} devices)" if self.per_device else ""
+        summary = f"{self.function}: {len(self.rows)} rows, {self.rounds} rounds of {self.calls} calls, round-robin{where}"
+        notes = []
+        if any(r.peak_source == "sum" for r in self.rows):
+            notes.append(
+                "* this backend reports no peak: arguments + outputs - aliased + temporaries, "
+                "which overstates a donating step's temporaries"
+            )
+        for r in self.rows:
+            if r.error is not None:
+                notes.append(f"{r.mode}: failed: {r.error}")
+            elif r.unusable:
+                notes.append(f"{r.mode}: donated, not reused: {', '.join(r.unusable)}")
+            if r.error is None and (r.peak_source or "").startswith("unavailable"):
+                notes.append(f"{r.mode}: memory figures {r.peak_source}")
+            if r.device_peak_bytes is not None:
+                notes.append(f"{r.mode}: the device's own peak: {format_bytes(r.device_peak_bytes)}")
+        return "\n".join([summary, line(header), line(["-" * w for w in widths]), *map(line, body), *notes])
+
+    def plot(self, path: Any = None) -> Any:
+        """Time per call and peak memory per mode, side by side (matplotlib).
+
+        **Arguments:**
+
+        - `path`: where to save the figure (any format matplotlib writes); `None`
+            saves nothing.
+
+        **Returns:** the `matplotlib.figure.Figure`.
+        """
+        try:
+            from matplotlib.figure import Figure
+        except ImportError:
+            raise ImportError(
+                "DonationComparison.plot needs matplotlib, an optional extra of filtx: "
+                "pip install 'filtx[plot]' (or pip install matplotlib)."
+            ) from None
+        rows = [r for r in self.rows if r.error is None]
+        labels = [r.mode for r in rows]
+        figure = Figure(figsize=(4 + 1.6 * len(rows), 3.6), layout="constrained")
+        time_axes, memory_axes = figure.subplots(1, 2)
+        ms = [(r.seconds_per_call or 0) * 1e3 for r in rows]
+        spread = [(r.seconds_iqr or 0) * 1e3 for r in rows]
+        time_axes.bar(labels, ms, yerr=spread, capsize=3, color="tab:blue")
+        time_axes.set_ylabel("time per warm call (ms)")
+        time_axes.set_title("time (median, IQR)")
+        memory_axes.bar(labels, [(r.peak_bytes or 0) / 1e6 for r in rows], color="tab:orange")
+        memory_axes.set_ylabel("peak device memory (MB)" + (", per device" if self.per_device else ""))
+        memory_axes.set_title("peak memory (XLA)")
+        for axes in (time_axes, memory_axes):
+            axes.tick_params(axis="x", labelrotation=20)
+        figure.suptitle(self.function)
+        if path is not None:
+            figure.savefig(path)
+        return figure

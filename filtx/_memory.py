@@ -1,0 +1,111 @@
+"""What a donation comparison reads off arrays and compiled steps: fresh copies
+(placed as the originals are), deleted buffers, the memory a compiled step needs
+per device, and whether two results agree."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import numpy as np
+
+from ._roles import is_ref
+
+__all__ = ["fresh", "fresh_tree", "is_deleted", "block", "memory_figures", "outputs_differ"]
+
+
+def fresh(x: Any) -> Any:
+    """A copy of an array leaf in a buffer of its own, placed and committed as
+    `x` is (`jax.Array.copy`); other leaves as they are (they are never donated)."""
+    if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
+        return x.copy()
+    if isinstance(x, np.ndarray):
+        return np.array(x, copy=True)
+    if is_ref(x):
+        return jax.new_ref(x[...].copy())
+    return x
+
+
+def fresh_tree(tree: Any) -> Any:
+    return jax.tree_util.tree_map(fresh, tree, is_leaf=is_ref)
+
+
+def is_deleted(x: Any) -> bool:
+    return isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) and x.is_deleted()
+
+
+def block(tree: Any) -> Any:
+    return jax.block_until_ready(tree)
+
+
+def memory_figures(compiled: Any) -> dict[str, Any]:
+    """Per device: `peak_bytes` (XLA's simulated heap peak, or where the backend
+    reports none the sum arguments + outputs - aliased + temporaries, with
+    `peak_source` saying which), `donated_bytes`, `reused_bytes` (aliased to an
+    output), and `devices` (how many the step runs on). `compiled` is a filtx
+    or Equinox compiled object, or JAX's own."""
+    inner = compiled
+    while hasattr(inner, "compiled"):
+        inner = inner.compiled
+    analysis = inner.memory_analysis()
+    shardings = jax.tree_util.tree_leaves(getattr(inner, "input_shardings", ((), {}))[0])
+    devices = max([len(s.device_set) for s in shardings] or [1])
+    out: dict[str, Any] = {"devices": devices}
+    if analysis is None:
+        return out
+    peak = getattr(analysis, "peak_memory_in_bytes", None)
+    if peak:
+        out.update(peak_bytes=int(peak), peak_source="xla peak")
+    else:
+        total = (
+            analysis.argument_size_in_bytes + analysis.output_size_in_bytes
+            - analysis.alias_size_in_bytes + analysis.temp_size_in_bytes
+        )
+        out.update(peak_bytes=int(total), peak_source="sum")
+    out["reused_bytes"] = int(analysis.alias_size_in_bytes)
+    infos = [a for a in jax.tree_util.tree_leaves(inner.args_info, is_leaf=lambda a: hasattr(a, "donated")) if hasattr(a, "donated")]
+    if len(infos) == len(shardings):
+        out["donated_bytes"] = sum(_shard_bytes(a._aval, s) for a, s in zip(infos, shardings) if a.donated)
+    return out
+
+
+def _shard_bytes(aval: Any, sharding: Any) -> int:
+    try:
+        shape = sharding.shard_shape(aval.shape)
+    except Exception:
+        shape = aval.shape
+    return math.prod(shape) * np.dtype(aval.dtype).itemsize
+
+
+def outputs_differ(a: Any, b: Any, rtol: float = 1e-6) -> tuple[bool, float | None]:
+    """Whether two results agree leaf by leaf (arrays within `rtol` of `b`'s
+    largest magnitude, other leaves equal), and the largest absolute difference."""
+    la, ta = jax.tree_util.tree_flatten(a)
+    lb, tb = jax.tree_util.tree_flatten(b)
+    if ta != tb:
+        return False, None
+    same, largest = True, 0.0
+    for x, y in zip(la, lb):
+        if isinstance(x, (jax.Array, np.ndarray, np.generic)) or isinstance(y, (jax.Array, np.ndarray, np.generic)):
+            x, y = np.asarray(jax.device_get(x)), np.asarray(jax.device_get(y))
+            if x.shape != y.shape or x.dtype != y.dtype:
+                return False, None
+            if x.size == 0:
+                continue
+            if not np.issubdtype(x.dtype, np.number) and x.dtype != np.bool_:
+                same = same and bool(np.array_equal(x, y))
+                continue
+            xf, yf = x.astype(np.float64), y.astype(np.float64)
+            finite = np.isfinite(xf) & np.isfinite(yf)
+            diff = float(np.abs(xf[finite] - yf[finite]).max()) if finite.any() else 0.0
+            largest = max(largest, diff)
+            scale = float(np.abs(yf[finite]).max()) if finite.any() else 0.0
+            others_same = np.array_equal(xf[~finite], yf[~finite], equal_nan=True)
+            same = same and others_same and diff <= rtol * max(scale, np.finfo(np.float32).tiny)
+        else:
+            try:
+                same = same and bool(x == y)
+            except Exception:
+                same = same and x is y
+    return same, largest

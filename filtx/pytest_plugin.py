@@ -1,0 +1,52 @@
+"""filtx's pytest plugin: the `donation_benchmark` fixture, one pytest-benchmark
+entry per donation mode of your own step.
+
+Installed with filtx as a `pytest11` entry point, so any test can ask for the
+fixture. Importing this module imports pytest only: JAX and filtx's
+transforms load when the fixture is first used, and pytest-benchmark (an
+optional extra, `pip install 'filtx[benchmark]'`) is looked up then too.
+
+```python
+@pytest.mark.parametrize("mode", ["none", "arrays"])
+def test_train_step(donation_benchmark, mode):
+    donation_benchmark(train_step, model, opt_state, batch, mode=mode)
+```
+
+Each round is `calls` pipelined calls of the step with one block at the end,
+outputs fed back and donated inputs copied outside the timed region, as in
+`filtx.compare_donation`; the stats are per call. `extra_info` holds the
+mode, `calls_per_round`, `first_call_seconds`, `peak_bytes` (XLA's simulated
+heap peak, per device for sharded steps; `peak_source` says where it came
+from), `donated_bytes`, `reused_bytes` and `unusable` (paths); a figure the
+backend does not give is left out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+__all__ = ["donation_benchmark"]
+
+
+@pytest.fixture
+def donation_benchmark(request: Any) -> Any:
+    """Benchmark a step under one donation mode, as one pytest-benchmark entry.
+
+    Call it once per test: `donation_benchmark(step, *args, mode=..., feed=None,
+    calls=None, rounds=10, **kwargs)`, with `step`, `feed` and the arguments as
+    in `filtx.compare_donation`; it returns the step's last output. Entries are
+    grouped by test function (unless a `benchmark(group=...)` marker says
+    otherwise), so `--benchmark-compare` and `--benchmark-histogram` set the
+    modes side by side."""
+    try:
+        benchmark = request.getfixturevalue("benchmark")
+    except pytest.FixtureLookupError:
+        raise pytest.UsageError(
+            "the donation_benchmark fixture needs pytest-benchmark, an optional extra of "
+            "filtx: pip install 'filtx[benchmark]' (or pip install pytest-benchmark)."
+        ) from None
+    from ._benchmark_fixture import DonationBenchmark  # JAX loads here, on first use
+
+    return DonationBenchmark(benchmark, request.node)
