@@ -57,7 +57,7 @@ def _alike(a: Any, b: Any) -> bool:
     for x, y in zip(la, lb):
         if is_array(x) != is_array(y):
             return False
-        if is_array(x) and (np.shape(x) != np.shape(y) or np.result_type(x) != np.result_type(y)):
+        if is_array(x) and (np.shape(x) != np.shape(y) or x.dtype != y.dtype):
             return False
     return True
 

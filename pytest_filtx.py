@@ -2,9 +2,10 @@
 entry per donation mode of your own step.
 
 Installed with filtx as a `pytest11` entry point, so any test can ask for the
-fixture. Importing this module imports pytest only: JAX and filtx's
-transforms load when the fixture is first used, and pytest-benchmark (an
-optional extra, `pip install 'filtx[benchmark]'`) is looked up then too.
+fixture. pytest imports every installed plugin when it starts, so this module
+stands outside the `filtx` package (whose import loads JAX) and imports pytest
+only: filtx and JAX load when the fixture is first used, and pytest-benchmark
+(an optional extra, `pip install 'filtx[benchmark]'`) is looked up then too.
 
 ```python
 @pytest.mark.parametrize("mode", ["none", "arrays"])
@@ -47,6 +48,6 @@ def donation_benchmark(request: Any) -> Any:
             "the donation_benchmark fixture needs pytest-benchmark, an optional extra of "
             "filtx: pip install 'filtx[benchmark]' (or pip install pytest-benchmark)."
         ) from None
-    from ._benchmark_fixture import DonationBenchmark  # JAX loads here, on first use
+    from filtx._benchmark_fixture import DonationBenchmark  # filtx and JAX load here, on first use
 
     return DonationBenchmark(benchmark, request.node)

@@ -1,0 +1,192 @@
+"""filtx.compare_donation: a user's step measured under several donation modes,
+on copies of its inputs, with the memory figures of the compiled executable."""
+
+import json
+import sys
+import types
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+import filtx
+from filtx._compare_runs import Feeding
+from filtx._comparison import DonationComparison, ModeRow
+from filtx._memory import memory_figures
+
+N = 64 * 1024  # floats in each state array: 256 kB
+
+
+def momentum_sgd(params, momentum, batch):
+    grads = {k: v * batch.mean() for k, v in params.items()}
+    momentum = {k: 0.9 * momentum[k] + grads[k] for k in params}
+    params = {k: params[k] - 0.01 * momentum[k] for k in params}
+    return params, momentum, jnp.sum(batch)
+
+
+def state():
+    params = {"a": jnp.ones(N), "b": jnp.full(N, 2.0)}
+    momentum = {"a": jnp.zeros(N), "b": jnp.zeros(N)}
+    return params, momentum, jnp.arange(16.0)
+
+
+def test_donation_drops_the_peak_by_the_state_it_reuses_and_results_agree():
+    params, momentum, batch = state()
+    comparison = filtx.compare_donation(filtx.filter_jit(momentum_sgd), params, momentum, batch, rounds=2, calls=3)
+    none, arrays = comparison.rows
+    assert (none.mode, arrays.mode) == ("none", "arrays")
+    state_bytes = 4 * N * 4
+    assert none.donated_bytes == 0 and none.reused_bytes == 0
+    assert arrays.reused_bytes == state_bytes
+    assert arrays.donated_bytes == state_bytes + 16 * 4  # the batch too, unusable
+    assert arrays.unusable == ("args[2]",)
+    assert abs((none.peak_bytes - arrays.peak_bytes) - state_bytes) <= 0.02 * state_bytes
+    assert arrays.peak_source == "xla peak"
+    assert none.same_result and arrays.same_result and arrays.max_difference == 0.0
+    assert all(r.seconds_per_call > 0 and r.first_call_seconds > 0 and r.error is None for r in comparison.rows)
+    assert comparison.best().mode == "arrays"
+    assert comparison.rounds == 2 and comparison.calls == 3 and not comparison.per_device
+
+
+def test_nothing_passed_is_deleted_or_changed():
+    params, momentum, batch = state()
+    before = jax.tree_util.tree_map(np.asarray, (params, momentum, batch))
+    filtx.compare_donation(momentum_sgd, params, momentum, batch, modes=["arrays", "all"], rounds=2, calls=2)
+    leaves = jax.tree_util.tree_leaves((params, momentum, batch))
+    assert not any(x.is_deleted() for x in leaves)
+    for x, y in zip(leaves, jax.tree_util.tree_leaves(before)):
+        np.testing.assert_array_equal(np.asarray(x), y)
+
+
+def test_a_module_step_and_a_bound_method_hold_arrays_that_are_copied():
+    class Linear(eqx.Module):
+        w: jax.Array
+
+        def __call__(self, x):
+            return x @ self.w
+
+        @filtx.filter_jit(donate="arrays")
+        def step(self, x):
+            return Linear(self.w * 0.5), x.sum()
+
+    layer = Linear(jnp.ones((32, 32)))
+    comparison = filtx.compare_donation(filtx.filter_jit(layer), jnp.ones((4, 32)), modes=["arrays"], rounds=2, calls=2)
+    assert comparison.rows[0].error is None and comparison.rows[0].unusable == ("fun.w",)
+    bound = filtx.compare_donation(layer.step, jnp.ones(3), rounds=2, calls=2)  # own mode "arrays", then "none"
+    assert [r.mode for r in bound.rows] == ["arrays", "none"]
+    assert bound.rows[0].reused_bytes == 32 * 32 * 4  # the layer, fed back as args[0]
+    assert not layer.w.is_deleted() and float(layer.w[0, 0]) == 1.0
+
+
+def test_modes_that_donate_the_same_leaves_share_a_row():
+    comparison = filtx.compare_donation(
+        filtx.filter_jit(momentum_sgd, donate="warn"), *state(), modes=None, rounds=1, calls=1
+    )
+    assert [r.mode for r in comparison.rows] == ["warn / arrays", "none"]
+    assert comparison.rows[0].modes == ("warn", "arrays")
+
+
+def test_a_failing_mode_keeps_its_row_and_its_message():
+    comparison = filtx.compare_donation(momentum_sgd, *state(), modes=["none", "strict", "arrays"], rounds=1, calls=2)
+    none, strict, arrays = comparison.rows
+    assert "args[2]" in strict.error and "strict" in strict.error and strict.seconds_per_call is None
+    assert none.error is None and arrays.error is None and arrays.same_result
+    table = str(comparison)
+    assert "failed" in table and "strict: failed: ValueError" in table
+
+
+def test_feed_default_and_given():
+    feeding = Feeding(None)
+    feeding.learn(state(), momentum_sgd(*state()))
+    assert (feeding.count, feeding.whole) == (2, False)  # params, momentum; not the loss
+    whole = Feeding(None)
+    whole.learn(({"w": jnp.ones(3)}, 1.0), {"w": jnp.zeros(3)})
+    assert (whole.count, whole.whole) == (1, True)
+    nothing = Feeding(None)
+    nothing.learn((jnp.ones(3),), jnp.ones(4))
+    assert nothing.count == 0
+
+    def step(x, y):
+        return x * 2, y + 1
+
+    given = filtx.compare_donation(step, jnp.ones(8), jnp.ones(8), feed=lambda args, out: (args[0], out[1]), rounds=1, calls=3)
+    assert all(r.error is None and r.same_result for r in given.rows)
+    with pytest.raises(ValueError, match=r"mode none: feed\(args, out\) returned arguments of another structure"):
+        filtx.compare_donation(step, jnp.ones(8), jnp.ones(8), feed=lambda args, out: (out,), rounds=1, calls=1)
+
+
+def test_bad_input_is_named():
+    with pytest.raises(ValueError, match="donate='sometimes' is not a donation mode"):
+        filtx.compare_donation(momentum_sgd, *state(), modes=["none", "sometimes"])
+    params, momentum, batch = state()
+    filtx.filter_jit(lambda p: p, donate="arrays")(params["b"])
+    with pytest.raises(ValueError, match=r"args\[0\]\['b'\] was donated \(deleted\) before the comparison"):
+        filtx.compare_donation(momentum_sgd, params, momentum, batch)
+
+
+def test_equinox_baselines_have_bytes_and_no_paths():
+    comparison = filtx.compare_donation(momentum_sgd, *state(), baselines=("equinox",), rounds=1, calls=2)
+    labels = [r.mode for r in comparison.rows]
+    assert labels == ["none", "arrays", "eqx donate='all'", "eqx donate='none'"]
+    eqx_all, eqx_none = comparison.rows[2:]
+    assert eqx_all.unusable is None and eqx_all.reused_bytes == 4 * N * 4 and eqx_none.reused_bytes == 0
+    assert eqx_all.same_result and eqx_none.same_result
+
+
+def test_filter_pmap_bytes_are_per_device():
+    n = len(jax.devices())
+
+    @filtx.filter_pmap(axis_name="i")
+    def step(params, batch):
+        g = jax.lax.pmean(batch.mean() * params["w"], "i")
+        return {"w": params["w"] - 0.1 * g, "name": params["name"]}, batch.sum()
+
+    params = {"w": jnp.ones((n, 1000)), "name": "probe"}
+    comparison = filtx.compare_donation(step, params, jnp.ones((n, 16)), rounds=2, calls=6)
+    none, arrays = comparison.rows
+    assert comparison.per_device and comparison.devices == n
+    assert arrays.reused_bytes == 1000 * 4 and arrays.donated_bytes == (1000 + 16) * 4
+    assert none.peak_bytes - arrays.peak_bytes >= 1000 * 4 and arrays.same_result
+    assert f"bytes per device ({n} devices)" in str(comparison)
+
+
+def test_filter_jit_sharded_on_an_explicit_mesh():
+    n = len(jax.devices())
+    mesh = jax.make_mesh((n,), ("d",), axis_types=(AxisType.Explicit,))
+    w = jax.device_put(jnp.ones((n * 128, 16)), NamedSharding(mesh, P("d")))
+    b = jax.device_put(jnp.ones((n * 2, 16)), NamedSharding(mesh, P("d")))
+    step = filtx.filter_jit(lambda w, b: (w - 0.1 * jnp.mean(b) * w, b.sum()), mesh=mesh)
+    comparison = filtx.compare_donation(step, w, b, rounds=2, calls=6)
+    none, arrays = comparison.rows
+    assert comparison.per_device and arrays.reused_bytes == 128 * 16 * 4
+    assert arrays.peak_bytes < none.peak_bytes and arrays.same_result
+    assert not w.is_deleted() and w.sharding == NamedSharding(mesh, P("d"))
+
+
+class _Analysis:
+    argument_size_in_bytes, output_size_in_bytes, alias_size_in_bytes, temp_size_in_bytes = 100, 80, 60, 30
+    peak_memory_in_bytes = 0  # a backend (or an old jaxlib) that reports no peak
+
+
+def test_without_a_peak_the_sum_stands_in_and_the_table_says_so():
+    compiled = types.SimpleNamespace(memory_analysis=lambda: _Analysis(), input_shardings=((), {}), args_info=())
+    figures = memory_figures(compiled)
+    assert figures["peak_bytes"] == 100 + 80 - 60 + 30 and figures["peak_source"] == "sum"
+    row = ModeRow("none", ("none",), 1e-3, 1e-4, 0.1, same_result=True, **{k: figures[k] for k in ("peak_bytes", "peak_source")})
+    assert "this backend reports no peak" in str(DonationComparison("f", (row,), 1, 1))
+
+
+def test_as_dicts_plot_and_a_missing_matplotlib(tmp_path, monkeypatch):
+    comparison = filtx.compare_donation(momentum_sgd, *state(), rounds=1, calls=1)
+    assert json.loads(json.dumps(comparison.as_dicts()))[1]["unusable"] == ["args[2]"]
+    path = tmp_path / "modes.png"
+    comparison.plot(path)
+    assert path.read_bytes()[:4] == b"\x89PNG"
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    with pytest.raises(ImportError, match=r"pip install 'filtx\[plot\]'"):
+        comparison.plot()
+    with pytest.raises(ValueError, match="best"):
+        comparison.best(by="loss")

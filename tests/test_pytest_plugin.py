@@ -1,0 +1,55 @@
+"""The `donation_benchmark` fixture, run by pytest itself (`pytester`) the way a
+user's benchmark suite runs it: one pytest-benchmark entry per mode, bytes in
+`extra_info`, readable by `--benchmark-json`."""
+
+import json
+
+pytest_plugins = ("pytester",)
+
+_SUITE = '''
+import jax.numpy as jnp
+import pytest
+import filtx
+
+@filtx.filter_jit
+def train_step(params, momentum, batch):
+    momentum = {k: 0.9 * momentum[k] + v * batch.mean() for k, v in params.items()}
+    return {k: v - 0.01 * momentum[k] for k, v in params.items()}, momentum, batch.sum()
+
+PARAMS = {"w": jnp.ones(16384)}
+MOMENTUM = {"w": jnp.zeros(16384)}
+BATCH = jnp.ones(8)
+
+@pytest.mark.parametrize("mode", ["none", "arrays"])
+def test_train_step(donation_benchmark, mode):
+    params, momentum, loss = donation_benchmark(train_step, PARAMS, MOMENTUM, BATCH, mode=mode, rounds=3, calls=4)
+    assert params["w"].shape == (16384,)
+    assert not PARAMS["w"].is_deleted()
+'''
+
+
+def test_the_fixture_gives_one_entry_per_mode_with_bytes(pytester):
+    pytester.makepyfile(test_suite=_SUITE)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--benchmark-json=out.json", "-q")
+    result.assert_outcomes(passed=2)
+    entries = json.loads((pytester.path / "out.json").read_text())["benchmarks"]
+    by_mode = {e["extra_info"]["mode"]: e for e in entries}
+    assert sorted(by_mode) == ["arrays", "none"]
+    none, arrays = by_mode["none"], by_mode["arrays"]
+    assert none["group"] == arrays["group"] == "test_train_step"
+    assert none["stats"]["rounds"] == 3 and arrays["extra_info"]["calls_per_round"] == 4
+    state = 2 * 16384 * 4
+    assert arrays["extra_info"]["reused_bytes"] == state and none["extra_info"]["reused_bytes"] == 0
+    assert none["extra_info"]["peak_bytes"] - arrays["extra_info"]["peak_bytes"] >= 0.9 * state
+    assert arrays["extra_info"]["unusable"] == ["args[2]"] and none["extra_info"]["unusable"] == []
+    assert isinstance(arrays["extra_info"]["donated_bytes"], int)
+    assert all(v is not None for e in entries for v in e["extra_info"].values())
+    assert 0 < arrays["stats"]["median"] < 1.0  # per call, not per round of 4
+
+
+def test_importing_the_plugin_loads_no_jax(pytester):
+    result = pytester.run(
+        __import__("sys").executable, "-c",
+        "import sys, pytest_filtx; print('jax' in sys.modules, 'filtx' in sys.modules)",
+    )
+    assert result.outlines[-1] == "False False"
