@@ -108,6 +108,17 @@ class unshared:
         _unshared.depth -= 1
 
 
+class _Table(dict):
+    """The compile state kept on a function (or class), by key. It pickles empty:
+    cloudpickle carries a function's `__dict__` with it, and locks and compiled
+    executables must not travel (the receiving process builds its own)."""
+
+    __slots__ = ()
+
+    def __reduce__(self):
+        return (_Table, ())
+
+
 def code_owner(fun: Any) -> Any:
     """The object whose code runs when `fun` is called: the function itself, a
     partial's or a method's function, or a callable object's class."""
@@ -139,7 +150,7 @@ def shared_by_code(fun: Any, key: Any, make: Callable[[], Any]) -> Any:
         with _TABLE_LOCK:
             table = vars(owner).get(_TABLE_ATTRIBUTE)
             if table is None:
-                table = {}
+                table = _Table()
                 setattr(owner, _TABLE_ATTRIBUTE, table)
             found = table.get(key)
             if found is None:

@@ -19,6 +19,7 @@ from ._caches import code_owner, is_table_attribute, shared_by_code
 from ._errors import aliased_ref_error, deleted_array_error, owned_option_error, rename_dynamic, unknown_option_error
 from ._donation import _hidden, show_jax_warning
 from ._eqx_errors import equinox_runtime_error
+from ._pickling import reduce_wrapper
 from ._roles import is_ref
 from ._share import any_deleted, refused_aliasing
 from ._sharding import misplaced_error
@@ -91,6 +92,7 @@ class Wrapper:
     def __init__(self, fun: Callable, options: tuple):
         self._fun = as_pytree(fun)
         self._given = fun
+        self._given_type = type(fun)  # what a pickled wrapper gives its factory back (see _pickling)
         self._options = options
         for attribute in ("__module__", "__name__", "__qualname__", "__doc__", "__annotations__", "__type_params__"):
             try:
@@ -186,6 +188,10 @@ class Wrapper:
     def __deepcopy__(self, memo):
         fun = copy.deepcopy(self._fun, memo)
         return self._with_fun(fun)
+
+    def __reduce__(self):
+        # Pickled as the public call that made it; compile state stays here.
+        return reduce_wrapper(self)
 
     def __repr__(self):
         return f"<filtx.{self.transform} of {self._given!r}>"

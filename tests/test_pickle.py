@@ -1,0 +1,181 @@
+"""Wrappers travel as `jax.jit`'s do: every wrapper kind pickles with `pickle`
+(a module-level function) and `cloudpickle` (a lambda, a closure, a bound
+method, a wrapped Module), before and after a call, and works in a fresh
+process; compile state never travels; an unpickled wrapper equal to a live one
+shares its compiled entries. One subprocess runs every shipped case, and one
+spawned worker runs a training step."""
+
+import concurrent.futures
+import copy
+import functools
+import multiprocessing
+import os
+import pathlib
+import pickle
+import subprocess
+import sys
+
+import cloudpickle
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import filtx
+
+import _pickled
+
+TESTS = pathlib.Path(__file__).parent
+X = jnp.arange(4.0)
+
+
+def _closure(n):
+    def inner(x):
+        return x * n - 1
+
+    return inner
+
+
+def _cases():
+    """(label, wrapper, pickler, args): every wrapper kind, each way it pickles."""
+    mlp = eqx.nn.MLP(4, 2, 8, 1, key=jax.random.key(0))
+    model = _pickled.make_model()
+    return [
+        ("jit, module-level function", filtx.filter_jit(_pickled.scale, donate="none"), pickle, (X, 3)),
+        ("jit, decorated", _pickled.decorated, pickle, (X, 3)),
+        ("jit, partial", filtx.filter_jit(functools.partial(_pickled.scale, n=2.0)), pickle, (X,)),
+        ("vmap, module-level function", filtx.filter_vmap(_pickled.scale, in_axes=(0, None)), pickle, (X, 2)),
+        ("pmap, module-level function", filtx.filter_pmap(_pickled.add_axis_sum), pickle, (X[:, None], X[:, None])),
+        ("shard_map, context mesh", filtx.filter_shard_map(_pickled.scale, in_specs=P(), out_specs=P()), pickle, (X, 5)),
+        ("bound method, pickle", model.apply, pickle, (jnp.ones(3),)),
+        ("jit, lambda", filtx.filter_jit(lambda x, n: x - n, specs={"n": filtx.traced}), cloudpickle, (X, 1)),
+        ("jit, closure", filtx.filter_jit(_closure(3)), cloudpickle, (X,)),
+        ("vmap, lambda", filtx.filter_vmap(lambda x: x.sum()), cloudpickle, (jnp.ones((3, 2)),)),
+        ("pmap, lambda", filtx.filter_pmap(lambda x: x * 2, axis_name="i"), cloudpickle, (X[:, None],)),
+        ("shard_map, lambda", filtx.filter_shard_map(lambda x: x + 1, in_specs=P(), out_specs=P()), cloudpickle, (X,)),
+        ("bound method, cloudpickle", model.apply, cloudpickle, (jnp.ones(3),)),
+        ("wrapped eqx.nn.MLP", filtx.filter_jit(mlp), cloudpickle, (X,)),
+    ]
+
+
+def _call(wrapper, args, label):
+    if label.startswith("shard_map"):
+        with jax.set_mesh(jax.make_mesh((2,), ("d",), devices=jax.devices()[:2])):
+            return wrapper(*args)
+    return wrapper(*args)
+
+
+_CHILD = """
+import pickle, sys, cloudpickle, numpy as np, jax
+sys.path.insert(0, {tests!r})
+from test_pickle import _call
+cases = pickle.loads(sys.stdin.buffer.read())
+results = []
+for label, payload, loader, args in cases:
+    wrapper = {{"pickle": pickle, "cloudpickle": cloudpickle}}[loader].loads(payload)
+    first = np.asarray(_call(wrapper, args, label))
+    again = np.asarray(_call(wrapper, args, label))
+    results.append((label, first, again, getattr(wrapper, "options", None)))
+sys.stdout.buffer.write(pickle.dumps(results))
+"""
+
+
+def test_every_wrapper_kind_pickles_and_runs_in_a_fresh_process():
+    shipped, expected = [], {}
+    for label, wrapper, pickler, args in _cases():
+        before = pickler.dumps(wrapper)
+        result = np.asarray(_call(wrapper, args, label))
+        after = pickler.dumps(wrapper)
+        for when, payload in (("before", before), ("after", after)):
+            # Nothing of the compile state travels: no lock, no compiled entry.
+            assert b"_thread" not in payload and b"Boundary" not in payload and b"Entry" not in payload, label
+            shipped.append((f"{label}, {when} a call", payload, pickler.__name__, args))
+            expected[f"{label}, {when} a call"] = (result, getattr(wrapper, "options", None))
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD.format(tests=str(TESTS))],
+        input=pickle.dumps(shipped), capture_output=True, timeout=240, env=dict(os.environ), cwd=str(TESTS),
+    )
+    assert done.returncode == 0, done.stderr.decode()[-4000:]
+    results = pickle.loads(done.stdout)
+    assert [r[0] for r in results] == [s[0] for s in shipped]
+    for label, first, again, options in results:
+        want, want_options = expected[label]
+        np.testing.assert_allclose(first, want, rtol=1e-6, err_msg=label)
+        np.testing.assert_allclose(again, want, rtol=1e-6, err_msg=label)
+        assert options == want_options, label
+
+
+def test_a_training_step_shipped_to_a_spawned_worker_gives_the_same_losses():
+    data = _pickled.batches()
+    in_process = _pickled.train(_pickled.train_step, _pickled.make_model(), data)
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as pool:
+        shipped = pool.submit(_pickled.train, _pickled.train_step, _pickled.make_model(), data)
+        in_worker = shipped.result(timeout=240)
+    assert len(in_worker) == len(data) and in_worker[-1] < in_worker[0]
+    np.testing.assert_allclose(in_worker, in_process, rtol=1e-5)
+
+
+def test_unpickled_wrapper_shares_compiled_entries_and_options():
+    traces = []
+
+    def counted(x, n):
+        traces.append(None)
+        return x * n
+
+    _pickled.counted = counted  # a module-level function, importable by name
+    counted.__module__, counted.__qualname__ = _pickled.__name__, "counted"
+    try:
+        live = filtx.filter_jit(counted, donate="none", specs={"n": filtx.traced})
+        live(X, 2)
+        back = pickle.loads(pickle.dumps(live))
+        assert back is not live and back == live and back.options == live.options
+        assert back._boundary is live._boundary  # one compile state, shared
+        back(X, 3)
+        assert len(traces) == 1
+        copied = cloudpickle.loads(cloudpickle.dumps(live))
+        assert copied._boundary is live._boundary
+    finally:
+        del _pickled.counted
+
+
+def test_module_level_wrappers_pickle_by_name():
+    assert pickle.loads(pickle.dumps(_pickled.decorated)) is _pickled.decorated
+    assert pickle.loads(pickle.dumps(_pickled.Affine.apply)) is _pickled.Affine.apply
+    # A wrapper made again with other options is not the module's: its call travels.
+    other = _pickled.decorated.replace(donate="arrays")
+    back = pickle.loads(pickle.dumps(other))
+    assert back.options["donate"] == "arrays" and back is not other
+    x = jnp.arange(4.0)
+    np.testing.assert_allclose(back(x, 2), np.arange(4.0) * 2 + 1)
+    assert x.is_deleted()  # the option travelled: donated
+
+
+def test_a_wrapper_rebuilt_as_a_pytree_pickles_as_the_user_gave_it():
+    wrapper = filtx.filter_jit(functools.partial(_pickled.scale, n=jnp.asarray(2.0)))
+    rebuilt = jax.tree_util.tree_map(lambda x: x, wrapper)
+    back = pickle.loads(pickle.dumps(rebuilt))
+    assert type(back._given) is functools.partial
+    np.testing.assert_allclose(back(X), X * 2)
+
+
+def test_the_function_carries_no_compile_state_by_value():
+    scale = _closure(2)
+    wrapper = filtx.filter_jit(scale)
+    wrapper(X)
+    assert "__filtx_shared__" in vars(scale)
+    payload = cloudpickle.dumps(scale)  # by value, with its __dict__
+    assert b"_thread" not in payload
+    back = cloudpickle.loads(payload)
+    assert len(vars(back).get("__filtx_shared__", {})) == 0
+    np.testing.assert_allclose(copy.copy(wrapper)(X), X * 2 - 1)
+
+
+def test_meshes_and_devices_refuse_to_pickle_naming_the_option():
+    mesh = jax.make_mesh((2,), ("d",), devices=jax.devices()[:2])
+    with pytest.raises(pickle.PicklingError, match=r"`mesh=` holds a jax.sharding.Mesh"):
+        pickle.dumps(filtx.filter_jit(_pickled.scale, mesh=mesh))
+    with pytest.raises(pickle.PicklingError, match=r"`devices=` holds a jax.Device"):
+        cloudpickle.dumps(filtx.filter_pmap(lambda x: x, devices=jax.devices()[:2]))
