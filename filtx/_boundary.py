@@ -32,7 +32,7 @@ from ._layout import Layout, make as make_layout
 from ._mutation import warn_if_changed
 from ._plan import Plan, canonical_plan, static_types_of
 from ._resolve import LeafResolver
-from ._reuse import Records, passed_candidates, slotted, spliced_leaves
+from ._reuse import Records, fresh_leaves, passed_candidates, slotted, spliced_leaves
 
 __all__ = ["Boundary", "Entry", "Split", "flat_function", "unique_paths"]
 
@@ -165,20 +165,21 @@ class Boundary:
                 # objects over one buffer before running, and dispatch splits again.
                 return Split(plan, statics, dynamic, None, (fun, args, kwargs), False, reused)
             else:
-                return self._donation_split(plan, statics, dynamic, (fun, args, kwargs))
+                return self._donation_split(plan, statics, dynamic, (fun, args, kwargs), reused)
         if self.share:
             pattern = _share.shared_pattern(list(map(id, dynamic)), plan.axes)
         return Split(plan, statics, dynamic, pattern, (fun, args, kwargs), True, reused)
 
-    def _donation_split(self, plan: Plan, statics: tuple, dynamic: list, root: tuple) -> Split:
+    def _donation_split(self, plan: Plan, statics: tuple, dynamic: list, root: tuple, reused=None) -> Split:
         """A donated buffer standing at several positions (as one object, or as
         several array objects over the same buffers) is passed and donated once.
         Deleted arrays are refused here: on several devices, XLA's runtime can
-        crash on one instead of raising."""
+        crash on one instead of raising. Leaves taken from the records of one
+        call's outputs (`reused`) are known apart without reading their shards."""
         if _share.any_deleted(dynamic):
             raise deleted_array_error(root)
         try:
-            keys = _share.buffer_keys(dynamic)
+            keys = _share.buffer_keys(dynamic, fresh_leaves(reused))
         except PartialAliasing as e:
             raise partial_aliasing_error(root, plan, e) from None
         if keys is None:  # a tracer among the leaves: traced by another transformation
@@ -188,7 +189,7 @@ class Boundary:
             pattern = _share.shared_pattern(keys, plan.axes)
         else:
             pattern = _share.donation_pattern(keys, plan.donate_mask)
-        return Split(plan, statics, dynamic, pattern, root)
+        return Split(plan, statics, dynamic, pattern, root, True, reused)
 
     def _reused_leaves(self, fun, args: tuple, kwargs: dict, reused: tuple) -> tuple:
         return spliced_leaves(self.slots, (fun, args, kwargs), *reused)
@@ -241,6 +242,16 @@ class Boundary:
                 self.layout = make_layout(fun, args, split.reused, split, entry, reuse)
             self.last_plan = plan
         return entry, dynamic, split
+
+    def finish(self, out: tuple, reuse: bool, split: Split) -> Any:
+        """The call's outputs built from `out = (arrays, carrier)`; with `reuse`, their
+        immutable objects recorded (see `_reuse`): as fresh where the call donated
+        buffers filtx checked for aliasing (the next call's check needs it)."""
+        info = out[1].info
+        if info.slots and reuse and top_level():
+            inputs = split.dynamic if split.checked and split.plan.any_donated else None
+            return info.build_recording(out[0], self.records, inputs)
+        return info.build(out[0])
 
     def _laid_out(self, plan: Plan, statics: tuple, dynamic: list, root: tuple) -> Split | None:
         """The split of a donating call its layout laid out, or None where donation

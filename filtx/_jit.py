@@ -8,7 +8,7 @@ from typing import Any, Literal, ParamSpec, TypeVar, overload
 
 import jax
 
-from ._boundary import Boundary, Entry, Split, flat_function, top_level, unique_paths
+from ._boundary import Boundary, Entry, Split, flat_function, unique_paths
 from ._reuse import _enabled as reuse_switch
 from ._gather import first_positions
 from ._out_specs import OutAxes
@@ -62,14 +62,11 @@ class _JitWrapper(AheadOfTime, Wrapper):
         reuse = self._reuse and reuse_switch[0]
         entry, dynamic, split = self._boundary.prepare(self._fun, args, kwargs, self._build, False, reuse)
         try:
-            arrays, carrier = dispatch(entry.call, dynamic, split, entry, self._recheck)
+            out = dispatch(entry.call, dynamic, split, entry, self._recheck)
         except RuntimeError as e:  # free on success (zero-cost try)
             without_filtx_frames(e)
             raise
-        info = carrier.info
-        if info.slots and reuse and top_level():
-            return info.build_recording(arrays, self._boundary.records)
-        return info.build(arrays)
+        return self._boundary.finish(out, reuse, split)
 
     def _build(self, split: Split) -> Entry:
         plan, pattern = split.plan, split.pattern

@@ -81,8 +81,10 @@ class OutputInfo:
             arrays = self.expand(arrays)
         return self.merge(self.statics + tuple(arrays))
 
-    def build_recording(self, arrays, records) -> Any:
-        """`build`, and record its reusable objects in `records` (see _reuse)."""
+    def build_recording(self, arrays, records, inputs: Any = None) -> Any:
+        """`build`, and record its reusable objects in `records` (see _reuse);
+        `inputs` (the call's donated-call inputs, or None): the records of objects
+        holding none of them are fresh (no other array holds their buffers)."""
         leaves = self.leaves(arrays)
         out = self.unflatten(leaves)
         if self.slot_types is None:  # first build: keep the slots whose object holds those leaves
@@ -91,8 +93,10 @@ class OutputInfo:
                 if _same_objects(jax.tree_util.tree_leaves(item_at(out, path)), leaves[a:b])
             )
             self.slot_types = [tuple(map(type, leaves[a:b])) for _, _, a, b in self.slots]
+        given = None if inputs is None else set(map(id, inputs))
         for (path, treedef, a, b), types in zip(self.slots, self.slot_types):
-            records.remember(item_at(out, path), treedef, leaves[a:b], types)
+            fresh = given is not None and given.isdisjoint(map(id, leaves[a:b]))
+            records.remember(item_at(out, path), treedef, leaves[a:b], types, fresh)
         return out
 
 

@@ -35,6 +35,7 @@ from ._per_shard import PerShard, manual_view
 from ._placement import AXES
 from ._prefix import broadcast_prefix
 from ._resolve import LeafResolver
+from ._reuse import _enabled as reuse_switch
 from ._roles import if_array, is_ref, parse_mode
 from ._share import unique_donation
 from ._typing import Pmapped
@@ -46,7 +47,10 @@ __all__ = ["filter_pmap"]
 P = ParamSpec("P")
 R = TypeVar("R")
 _DEFAULT_AXIS_NAME = "filtx_pmap_axis"
-_OWN = ["fun", "in_axes", "out_axes", "axis_name", "axis_size", "donate", "specs", "share", "devices", "backend"]
+_OWN = [
+    "fun", "in_axes", "out_axes", "axis_name", "axis_size", "donate", "specs", "share", "devices", "backend",
+    "reuse_outputs",
+]
 _OWNED_BY_FILTX = ("static_broadcasted_argnums", "donate_argnums")
 
 
@@ -57,7 +61,7 @@ def _spec(name: Any, axis: int | None) -> PartitionSpec:
 class _PmapWrapper(AheadOfTime, Wrapper):
     transform = "filter_pmap"
 
-    def __init__(self, fun, in_axes, out_axes, axis_name, axis_size, donate, specs, share, devices, backend):
+    def __init__(self, fun, in_axes, out_axes, axis_name, axis_size, donate, specs, share, devices, backend, reuse):
         mode = parse_mode(donate)
         super().__init__(fun, (
             mode, share, freeze(specs), freeze(in_axes), freeze(out_axes), axis_name, axis_size, freeze(devices), backend,
@@ -72,11 +76,13 @@ class _PmapWrapper(AheadOfTime, Wrapper):
         self._backend = backend
         self._share = share
         self._mode = mode
+        self._reuse = reuse
 
     def __call__(self, /, *args, **kwargs):
-        entry, dynamic, split = self._boundary.prepare(self._fun, args, kwargs, self._build)
+        reuse = self._reuse and reuse_switch[0]
+        entry, dynamic, split = self._boundary.prepare(self._fun, args, kwargs, self._build, False, reuse)
         try:
-            return unpack(*dispatch(entry.call, dynamic, split, entry))
+            out = dispatch(entry.call, dynamic, split, entry)
         except (ValueError, IndexError, TypeError) as e:
             error = self._size_error(split, dynamic)
             if error is not None:
@@ -85,6 +91,7 @@ class _PmapWrapper(AheadOfTime, Wrapper):
         except RuntimeError as e:
             without_filtx_frames(e)
             raise
+        return self._boundary.finish(out, reuse, split)
 
     def _finish(self, out) -> Any:
         return unpack(*out)
@@ -227,7 +234,7 @@ def _per_device(x, axis) -> tuple:
 def filter_pmap(
     fun: None = None, *, in_axes: Any = if_array(0), out_axes: Any = if_array(0), axis_name: Any = None,
     axis_size: int | None = None, donate: str = "none", specs: Any = None, share: bool = False,
-    devices: Any = None, backend: str | None = None,
+    devices: Any = None, backend: str | None = None, reuse_outputs: bool = True,
 ) -> Callable[[Callable[P, R]], Pmapped[P, Any]]: ...
 
 
@@ -235,13 +242,13 @@ def filter_pmap(
 def filter_pmap(
     fun: Callable[P, R], *, in_axes: Any = if_array(0), out_axes: Any = if_array(0), axis_name: Any = None,
     axis_size: int | None = None, donate: str = "none", specs: Any = None, share: bool = False,
-    devices: Any = None, backend: str | None = None,
+    devices: Any = None, backend: str | None = None, reuse_outputs: bool = True,
 ) -> Pmapped[P, Any]: ...
 
 
 def filter_pmap(
     fun=None, *, in_axes=if_array(0), out_axes=if_array(0), axis_name=None, axis_size=None,
-    donate="none", specs=None, share=False, devices=None, backend=None, **unknown,
+    donate="none", specs=None, share=False, devices=None, backend=None, reuse_outputs=True, **unknown,
 ):
     """Run a function of whole pytrees on several devices, data-parallel.
 
@@ -261,6 +268,8 @@ def filter_pmap(
         call may map no input at all.
     - `donate`, `specs`: roles and donation, as in `filtx.filter_jit`.
     - `share`: the shared-leaf pass, as in `filtx.filter_jit`.
+    - `reuse_outputs`: objects this function returned or was passed before are
+        not flattened again, as in `filtx.filter_jit`.
 
     **Returns:**
 
@@ -298,15 +307,17 @@ def filter_pmap(
         return functools.partial(
             filter_pmap, in_axes=in_axes, out_axes=out_axes, axis_name=axis_name,
             axis_size=axis_size, donate=donate, specs=specs, share=share,
-            devices=devices, backend=backend,
+            devices=devices, backend=backend, reuse_outputs=reuse_outputs,
         )
     if not callable(fun):
         raise TypeError(f"filter_pmap needs a callable, got {type(fun).__name__}.")
     options = dict(
         in_axes=in_axes, out_axes=out_axes, axis_name=axis_name, axis_size=axis_size, donate=donate,
-        specs=specs, share=share, devices=devices, backend=backend,
+        specs=specs, share=share, devices=devices, backend=backend, reuse_outputs=reuse_outputs,
     )
-    wrapper = _PmapWrapper(fun, in_axes, out_axes, axis_name, axis_size, donate, specs, bool(share), devices, backend)
+    wrapper = _PmapWrapper(
+        fun, in_axes, out_axes, axis_name, axis_size, donate, specs, bool(share), devices, backend, bool(reuse_outputs)
+    )
     return made_by(wrapper, filter_pmap, options)
 
 

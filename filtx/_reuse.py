@@ -83,15 +83,18 @@ class Record(weakref.ref):
     """A weak reference to a recorded object, holding what it flattened to. One
     object per record, made at C speed: a call records its outputs every time."""
 
-    __slots__ = ("key", "treedef", "leaves", "types")
+    # `fresh`: its leaves are the outputs of one call, whose buffers no other array
+    # held when they were returned (see `_share.buffer_keys`).
+    __slots__ = ("key", "treedef", "leaves", "types", "fresh")
 
 
-def _record(obj: Any, forget, key: int, treedef, leaves: list, types: tuple) -> Record:
+def _record(obj: Any, forget, key: int, treedef, leaves: list, types: tuple, fresh: bool) -> Record:
     record = Record(obj, forget)
     record.key = key
     record.treedef = treedef
     record.leaves = leaves
     record.types = types
+    record.fresh = fresh
     return record
 
 
@@ -106,14 +109,14 @@ class Records:
         self.seen: dict = {}
         self.lock = threading.Lock()
 
-    def remember(self, obj: Any, treedef, leaves: list, types: tuple) -> None:
+    def remember(self, obj: Any, treedef, leaves: list, types: tuple, fresh: bool = False) -> None:
         key = id(obj)
         items = self.items
         if len(items) >= MAX_RECORDS:
             with self.lock:
                 while len(items) >= MAX_RECORDS:
                     items.pop(next(iter(items)), None)
-        items[key] = _record(obj, self._forget, key, treedef, leaves, types)
+        items[key] = _record(obj, self._forget, key, treedef, leaves, types, fresh)
 
     def _forget(self, record: Record) -> None:
         """A recorded object died: its record goes (unless another took its id)."""
@@ -293,6 +296,14 @@ def spliced_leaves(checked: dict, root: tuple, slotted_args: tuple, records: lis
     leaves = _splice(rest_leaves, positions, [r.leaves for r in records])
     types = _splice(list(map(type, rest_leaves)), positions, [r.types for r in records])
     return leaves, (rest_def, tuple([r.treedef for r in records])), tuple(types)
+
+
+def fresh_leaves(records: list | None) -> set | None:
+    """The ids of the leaves of `records` (those a call's leaves were taken from)
+    that are outputs of one call, owned by no other array when returned."""
+    if not records:
+        return None
+    return {id(x) for r in records if r.fresh for x in r.leaves} or None
 
 
 def _splice(rest: Any, positions: list, parts: list) -> list:

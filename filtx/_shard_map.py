@@ -26,6 +26,7 @@ from ._out_specs import OutAxes, config_key, resolve_by_evaluation
 from ._outputs import pack_outputs, unpack
 from ._per_shard import PerShard, per_shard_shape
 from ._resolve import LeafResolver
+from ._reuse import _enabled as reuse_switch
 from ._gather import first_positions
 from ._roles import MODES, is_ref, static
 from ._sharding import OUT_SPECS, SPECS, ambient_concrete_mesh, ambient_mesh, check_mesh, inferred_spec, misplaced_error
@@ -36,7 +37,7 @@ __all__ = ["filter_shard_map"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
-_OWN = ["fun", "mesh", "in_specs", "out_specs", "axis_names", "check_vma", "specs", "share"]
+_OWN = ["fun", "mesh", "in_specs", "out_specs", "axis_names", "check_vma", "specs", "share", "reuse_outputs"]
 _REPLICATED = PartitionSpec()
 
 
@@ -56,7 +57,7 @@ class _ShardMapEntry(Entry):
 class _ShardMapWrapper(AheadOfTime, Wrapper):
     transform = "filter_shard_map"
 
-    def __init__(self, fun, mesh, in_specs, out_specs, axis_names, check_vma, specs, share):
+    def __init__(self, fun, mesh, in_specs, out_specs, axis_names, check_vma, specs, share, reuse):
         check_mesh(mesh, "filter_shard_map")
         super().__init__(fun, (mesh, freeze(in_specs), freeze(out_specs), freeze(axis_names), check_vma, freeze(specs), share))
         resolver = LeafResolver(
@@ -69,19 +70,21 @@ class _ShardMapWrapper(AheadOfTime, Wrapper):
         self._axis_names = frozenset(axis_names or ())
         self._check_vma = check_vma
         self._share = share
+        self._reuse = reuse
 
     def __call__(self, /, *args, **kwargs):
-        entry, dynamic, split = self._boundary.prepare(self._fun, args, kwargs, self._build)
+        reuse = self._reuse and reuse_switch[0]
+        entry, dynamic, split = self._boundary.prepare(self._fun, args, kwargs, self._build, False, reuse)
         dynamic = traced_numbers_as_arrays(dynamic)
         run = self._run(entry)
         try:
-            return unpack(*dispatch(run, dynamic, split, entry))
+            out = dispatch(run, dynamic, split, entry)
         except ValueError as e:
             misplaced = run.misplaced(dynamic) if top_level() else None
             if misplaced:
                 refused = [i for i in misplaced if not run.movable(dynamic[i], i)]
                 if not refused:  # on Auto axes: moved, as jax.shard_map moves them
-                    return unpack(*dispatch(run, run.moved(dynamic, misplaced, ()), split, entry))
+                    return self._boundary.finish(dispatch(run, run.moved(dynamic, misplaced, ()), split, entry), reuse, split)
                 paths = unique_paths(split.root, split.plan, split.pattern)
                 targets = [s if i in refused else None for i, s in enumerate(run.shardings)]
                 raise misplaced_error(paths, dynamic, targets, None, "in_specs") from None
@@ -90,6 +93,7 @@ class _ShardMapWrapper(AheadOfTime, Wrapper):
         except RuntimeError as e:
             without_filtx_frames(e)
             raise
+        return self._boundary.finish(out, reuse, split)
 
     def _build(self, split: Split) -> Entry:
         out_specs, share = self._out_specs, self._share
@@ -176,6 +180,7 @@ def _replicated_where_unset(tree: Any) -> Any:
 def filter_shard_map(
     fun: None = None, *, mesh: Any = None, in_specs: Any = None, out_specs: Any = None,
     axis_names: Any = None, check_vma: bool = True, specs: Any = None, share: bool = False,
+    reuse_outputs: bool = True,
 ) -> Callable[[Callable[P, R]], Jitted[P, Any]]: ...
 
 
@@ -183,12 +188,13 @@ def filter_shard_map(
 def filter_shard_map(
     fun: Callable[P, R], *, mesh: Any = None, in_specs: Any = None, out_specs: Any = None,
     axis_names: Any = None, check_vma: bool = True, specs: Any = None, share: bool = False,
+    reuse_outputs: bool = True,
 ) -> Jitted[P, Any]: ...
 
 
 def filter_shard_map(
     fun=None, *, mesh=None, in_specs=None, out_specs=None, axis_names=None, check_vma=True, specs=None,
-    share=False, **unknown,
+    share=False, reuse_outputs=True, **unknown,
 ):
     """`jax.shard_map` over whole pytrees: the function runs once per shard, its
     array arguments split by `in_specs`; non-arrays are held static.
@@ -218,6 +224,8 @@ def filter_shard_map(
         mesh's axis names work inside.
     - `specs`: `filtx.static` / `filtx.traced` per leaf, with `filter_jit`'s rules.
     - `share`: pass a leaf standing at several positions (with one spec) once.
+    - `reuse_outputs`: objects this function returned or was passed before are
+        not flattened again, as in `filtx.filter_jit`.
 
     **Returns:**
 
@@ -249,14 +257,16 @@ def filter_shard_map(
     if fun is None:
         return functools.partial(
             filter_shard_map, mesh=mesh, in_specs=in_specs, out_specs=out_specs, axis_names=axis_names,
-            check_vma=check_vma, specs=specs, share=share,
+            check_vma=check_vma, specs=specs, share=share, reuse_outputs=reuse_outputs,
         )
     if not callable(fun):
         raise TypeError(f"filter_shard_map needs a callable, got {type(fun).__name__}.")
     options = dict(
         mesh=mesh, in_specs=in_specs, out_specs=out_specs, axis_names=axis_names, check_vma=check_vma,
-        specs=specs, share=share,
+        specs=specs, share=share, reuse_outputs=reuse_outputs,
     )
-    wrapper = _ShardMapWrapper(fun, mesh, in_specs, out_specs, axis_names, check_vma, specs, bool(share))
+    wrapper = _ShardMapWrapper(
+        fun, mesh, in_specs, out_specs, axis_names, check_vma, specs, bool(share), bool(reuse_outputs)
+    )
     return made_by(wrapper, filter_shard_map, options)
 

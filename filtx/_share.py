@@ -8,6 +8,7 @@ when a donated buffer is aliased (JAX rejects donating one buffer twice).
 
 from __future__ import annotations
 
+import math
 from itertools import compress
 from operator import attrgetter, methodcaller
 from typing import Any, Callable
@@ -97,35 +98,79 @@ def refused_aliasing(error: Exception) -> bool:
     return "same buffer twice" in text or ("same call to Execute()" in text and "donat" in text)
 
 
-def buffer_keys(values: list) -> list | None:
+def buffer_keys(values: list, fresh: set | None = None) -> list | None:
     """Per value, what identifies its device buffers: distinct `jax.Array` objects
     over the same buffers get equal keys. Single-device arrays: the buffer's
     address; sharded arrays: the addresses of every shard; NumPy arrays: the
     object's id. `None` when a value is a tracer: the call is being traced by
-    another transformation, and has no buffers to donate."""
+    another transformation, and has no buffers to donate.
+
+    `fresh`: the ids of values returned by one call and fed straight back (see
+    `_reuse.fresh_leaves`). No other array held their buffers when they were
+    made, so only an array built later from their shards can share one: such
+    a value keeps its id for a key, and its shards are read only where another
+    value's were read and have its byte size (walking every shard of every
+    leaf costs a sharded call milliseconds)."""
     try:
         return list(map(_buffer_pointer, values))  # all single-device: one C-level pass
     except Exception:
         pass
     if any(isinstance(x, jax.core.Tracer) for x in values):
         return None
-    keys = [_buffer_key(x) for x in values]
+    if not fresh:
+        keys = [_buffer_key(x) for x in values]
+    else:
+        sizes: set = set()
+        keys = [-id(x) - 1 if id(x) in fresh else _buffer_key(x, sizes) for x in values]  # never an address
+        if sizes:
+            keys = [
+                _buffer_key(x) if id(x) in fresh and _shard_bytes(x) in sizes | {None} else k
+                for x, k in zip(values, keys)
+            ]
     _check_partial_aliasing(keys)
     return keys
 
 
-def _buffer_key(x) -> Any:
+def _buffer_key(x, sizes: set | None = None) -> Any:
+    """`x`'s key; the byte sizes of its buffers added to `sizes` where given."""
     try:
-        return x.unsafe_buffer_pointer()
+        key = x.unsafe_buffer_pointer()
+        if sizes is not None:
+            sizes.add(x.nbytes)
+        return key
     except Exception:
         pass
     shards = getattr(x, "_arrays", None)
     if shards:
         try:
-            return tuple(sorted(map(_buffer_pointer, shards)))
+            key = tuple(sorted(map(_buffer_pointer, shards)))
+            if sizes is not None:
+                sizes.update(s.nbytes for s in shards)
+            return key
         except Exception:
             pass
     return id(x)
+
+
+def _shard_bytes(x) -> int | None:
+    """The byte size of each of a `jax.Array`'s buffers (its shards are even), or
+    None where it cannot be told (then its shards are read)."""
+    if type(x) is not _ARRAY:
+        return None
+    key = (x.sharding, x.shape, x.dtype)
+    size = _SHARD_BYTES.get(key)
+    if size is None:
+        try:
+            size = math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
+        except Exception:
+            return None
+        if len(_SHARD_BYTES) >= 1024:
+            _SHARD_BYTES.clear()
+        _SHARD_BYTES[key] = size
+    return size
+
+
+_SHARD_BYTES: dict = {}
 
 
 def donation_pattern(keys: list, donate_mask: tuple) -> tuple | None:

@@ -134,3 +134,32 @@ def placed_as(x, mesh, spec) -> bool:
     ]
     kept = [k[0] if k is not None and len(k) == 1 else k for k in kept]
     return typed.mesh == mesh.abstract_mesh and trimmed(typed.spec) == trimmed(jax.sharding.PartitionSpec(*kept))
+
+
+# ---------------------------------------------------------------------------
+# The three transforms that keep records (see filtx/_reuse.py), each wrapping a
+# function of unmapped arguments on one device so that one test body runs on all.
+
+RECORDING_TRANSFORMS = ("filter_jit", "filter_pmap", "filter_shard_map")
+
+
+def recording(kind: str, fun, **options):
+    """`fun` under `kind`, its arguments and outputs as `filter_jit` takes and gives
+    them: `filter_pmap` over one device with nothing mapped, `filter_shard_map`
+    on a one-device mesh, everything replicated (it takes no `donate=`)."""
+    import jax
+    from jax.sharding import Mesh, PartitionSpec
+
+    import filtx
+
+    if kind == "filter_jit":
+        return filtx.filter_jit(fun, **options)
+    if kind == "filter_pmap":
+        return filtx.filter_pmap(
+            fun, in_axes=None, out_axes=None, axis_size=1, devices=jax.devices()[:1], **options
+        )
+    if options.get("donate", "none") != "none":
+        raise ValueError("filter_shard_map donates through an enclosing filter_jit")
+    options.pop("donate", None)
+    mesh = Mesh(jax.devices()[:1], ("one",))
+    return filtx.filter_shard_map(fun, mesh=mesh, out_specs=PartitionSpec(), **options)

@@ -221,3 +221,75 @@ def test_no_warning_filter_is_left_behind_by_reports_or_outer_traces():
     jax.jit(lambda m, b: f(m, b))(fresh_model(), jnp.ones(8))
     f(fresh_model(), jnp.ones(8))
     assert warnings.filters == before
+
+
+# ---------------------------------------------------------------------------
+# Donated buffers over several devices, fed back: the aliasing check reads no
+# shard of what one call returned, and still finds an array built from them.
+
+
+class Params(eqx.Module):
+    w: jax.Array
+    b: jax.Array
+
+
+def pmap_sgd(monkeypatch):
+    import filtx._reuse as reuse
+
+    monkeypatch.setattr(reuse, "MIN_LEAVES", 1)
+    n = jax.local_device_count()
+
+    def step(p, x):
+        return Params(p.w - 0.1 * jax.lax.pmean(x, "d"), p.b + 1.0)
+
+    f = filtx.filter_pmap(step, axis_name="d", donate="arrays", specs={"x": filtx.traced})
+    return f, Params(jnp.zeros((n, 3)), jnp.zeros((n,))), jnp.ones((n, 3))
+
+
+def test_outputs_fed_back_to_a_donating_pmap_are_not_walked_shard_by_shard(monkeypatch):
+    import filtx._share as share
+
+    f, p, x = pmap_sgd(monkeypatch)
+    walked = []
+    original = share._buffer_key
+    monkeypatch.setattr(share, "_buffer_key", lambda v, *a: walked.append(v) or original(v, *a))
+    p = f(p, x)  # the first call: every leaf read
+    walked.clear()
+    for _ in range(3):
+        p = f(p, x)
+    assert all(v is x for v in walked) and len(walked) == 3  # the batch alone, once a call
+    np.testing.assert_allclose(np.asarray(p.b), 4.0)
+
+
+def test_an_array_built_from_a_fed_back_outputs_shards_is_still_donated_once(monkeypatch):
+    f, p, x = pmap_sgd(monkeypatch)
+    p = f(p, x)
+    p = f(p, x)  # recorded, fresh
+    alias = jax.make_array_from_single_device_arrays(p.w.shape, p.w.sharding, list(p.w._arrays))
+    assert alias is not p.w
+    out = f(p, alias)  # would crash XLA's runtime if p.w were donated and read at once
+    np.testing.assert_allclose(np.asarray(out.w), -0.2 - 0.1 * np.asarray(alias))
+    np.testing.assert_allclose(np.asarray(out.b), 3.0)
+
+
+def pointers(tree) -> set:
+    return {s.unsafe_buffer_pointer() for x in jax.tree.leaves(tree) for s in x._arrays}
+
+
+@pytest.mark.parametrize("committed", [False, True])
+def test_a_fresh_record_shares_no_buffer_with_the_calls_inputs(monkeypatch, committed):
+    """Outputs returned as they were passed (or over their buffers) are no fresh record."""
+    import filtx._reuse as reuse
+
+    monkeypatch.setattr(reuse, "MIN_LEAVES", 1)
+    n = jax.local_device_count()
+    keep = Params(jnp.ones((n, 3)), jnp.ones((n,)))
+    f = filtx.filter_pmap(lambda p, k: (Params(p.w + 1, p.b), k), donate="arrays", specs={"k": filtx.traced})
+    if committed:  # where the call takes it: a candidate for forwarding
+        _, keep = f(Params(jnp.zeros((n, 3)), jnp.zeros((n,))), keep)
+    p, k = f(Params(jnp.zeros((n, 3)), jnp.zeros((n,))), keep)
+    records = f._boundary.records.items
+    inputs = pointers(keep)
+    for obj in (p, k):
+        if id(obj) in records and records[id(obj)].fresh:
+            assert not pointers(obj) & inputs and not any(x is y for x in jax.tree.leaves(obj) for y in jax.tree.leaves(keep))

@@ -18,6 +18,8 @@ import filtx._boundary as boundary
 import filtx._layout as layout
 import filtx._reuse as reuse
 
+from _helpers import RECORDING_TRANSFORMS, recording
+
 DEFAULT_MIN_LEAVES = reuse.MIN_LEAVES  # read before any fixture changes it
 
 
@@ -85,12 +87,15 @@ def make():
     return model, opt_state, step
 
 
+@pytest.mark.parametrize("kind", RECORDING_TRANSFORMS)
 @pytest.mark.parametrize("donate", ["none", "arrays"])
-def test_a_returned_model_is_reused_and_training_matches_without_reuse(reused, donate):
+def test_a_returned_model_is_reused_and_training_matches_without_reuse(reused, donate, kind):
+    if kind == "filter_shard_map" and donate != "none":
+        pytest.skip("filter_shard_map donates through an enclosing filter_jit")
     x = jnp.ones((4, 3))
     model, opt_state, step = make()
-    on = filtx.filter_jit(step, donate=donate)
-    off = filtx.filter_jit(step, donate=donate, reuse_outputs=False)
+    on = recording(kind, step, donate=donate)
+    off = recording(kind, step, donate=donate, reuse_outputs=False)
     a = (jax.tree.map(lambda v: v + 0 if eqx.is_array(v) else v, model), opt_state)
     b = (jax.tree.map(lambda v: v + 0 if eqx.is_array(v) else v, model), jax.tree.map(lambda v: v + 0, opt_state))
     for _ in range(4):
@@ -103,9 +108,10 @@ def test_a_returned_model_is_reused_and_training_matches_without_reuse(reused, d
     assert a[0].activation is model.activation
 
 
-def test_the_global_switch_turns_reuse_off(reused):
+@pytest.mark.parametrize("kind", RECORDING_TRANSFORMS)
+def test_the_global_switch_turns_reuse_off(reused, kind):
     model, opt_state, step = make()
-    f = filtx.filter_jit(step)
+    f = recording(kind, step)
     before = filtx.reuse_outputs()
     try:
         filtx.reuse_outputs(False)
@@ -126,9 +132,10 @@ def test_mutable_outputs_are_never_reused(reused):
     assert reused == [] and not f._boundary.records
 
 
-def test_a_record_dies_with_its_object_and_keeps_nothing_alive():
+@pytest.mark.parametrize("kind", ["filter_jit", "filter_pmap"])
+def test_a_record_dies_with_its_object_and_keeps_nothing_alive(kind):
     model, opt_state, step = make()
-    f = filtx.filter_jit(step, donate="arrays")
+    f = recording(kind, step, donate="arrays")
     model, opt_state, _ = f(jax.tree.map(lambda v: v + 0 if eqx.is_array(v) else v, model), opt_state, jnp.ones((4, 3)))
     # the model, and the model-shaped tree in the optimiser state's namedtuples
     assert set(f._boundary.records.items) == {id(model), id(opt_state[0].trace)}
@@ -156,9 +163,10 @@ def test_an_id_reused_by_another_object_is_no_hit(reused):
     assert key not in records.items
 
 
-def test_clear_caches_empties_the_records():
+@pytest.mark.parametrize("kind", RECORDING_TRANSFORMS)
+def test_clear_caches_empties_the_records(kind):
     model, opt_state, step = make()
-    f = filtx.filter_jit(step)
+    f = recording(kind, step)
     model, opt_state, _ = f(model, opt_state, jnp.ones((4, 3)))
     assert f._boundary.records
     filtx.clear_caches()
@@ -322,14 +330,17 @@ def evaluate(model, x, scale=1.0):
     return jnp.sum(jax.vmap(model)(x)) * scale
 
 
-def test_a_model_passed_unchanged_is_recorded_on_its_second_call_and_reused_after(reused):
+@pytest.mark.parametrize("kind", RECORDING_TRANSFORMS)
+def test_a_model_passed_unchanged_is_recorded_on_its_second_call_and_reused_after(reused, kind):
     model, _, _ = make()
-    f = filtx.filter_jit(evaluate)
+    f = recording(kind, evaluate)
     x = jnp.ones((4, 3))
     results = [float(f(model, x)) for _ in range(4)]
     assert len(reused) == 2  # first call: seen; second: recorded; third and fourth: reused
-    assert results == [results[0]] * 4 == [float(eqx.filter_jit(evaluate)(model, x))] * 4
-    off = filtx.filter_jit(evaluate, reuse_outputs=False)
+    assert results == [results[0]] * 4
+    if kind == "filter_jit":  # the same compiled program: the same bits
+        assert results[0] == float(eqx.filter_jit(evaluate)(model, x))
+    off = recording(kind, evaluate, reuse_outputs=False)
     assert float(off(model, x)) == results[0]
 
 
@@ -374,8 +385,9 @@ def test_a_donated_model_passed_again_is_refused_by_path():
         ev(model, x)
 
 
-def test_a_passed_objects_record_keeps_nothing_alive():
-    f = filtx.filter_jit(evaluate)
+@pytest.mark.parametrize("kind", RECORDING_TRANSFORMS)
+def test_a_passed_objects_record_keeps_nothing_alive(kind):
+    f = recording(kind, evaluate)
     x = jnp.ones((4, 3))
     model, _, _ = make()
     f(model, x), f(model, x), f(model, x)
@@ -387,8 +399,9 @@ def test_a_passed_objects_record_keeps_nothing_alive():
     assert dead() is None and not records.items
 
 
-def test_a_stream_of_fresh_objects_is_never_recorded(reused):
-    f = filtx.filter_jit(evaluate)
+@pytest.mark.parametrize("kind", RECORDING_TRANSFORMS)
+def test_a_stream_of_fresh_objects_is_never_recorded(reused, kind):
+    f = recording(kind, evaluate)
     x = jnp.ones((4, 3))
     for i in range(5):
         model = eqx.nn.MLP(3, 2, 8, 2, key=jax.random.PRNGKey(i))

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 import filtx._reuse as reuse
 
-from _helpers import budget
+from _helpers import RECORDING_TRANSFORMS, budget, recording
+import pytest
 
 Pair = collections.namedtuple("Pair", ["first", "second"])
 Triple = collections.namedtuple("Triple", ["a", "b", "c"])
@@ -175,15 +176,14 @@ def interleavings(draw):
     return calls
 
 
+@pytest.mark.parametrize("kind", RECORDING_TRANSFORMS)
 @budget(40)
 @given(interleavings())
-def test_passed_objects_reused_give_what_reuse_off_gives(calls):
-    import filtx
-
+def test_passed_objects_reused_give_what_reuse_off_gives(kind, calls):
     before = reuse.MIN_LEAVES
     reuse.MIN_LEAVES = 1  # the test's modules are small: record them all the same
     try:
-        on, off = filtx.filter_jit(summary), filtx.filter_jit(summary, reuse_outputs=False)
+        on, off = recording(kind, summary), recording(kind, summary, reuse_outputs=False)
         for args in calls:
             (a, sa), (b, sb) = on(*args), off(*args)
             assert float(a) == float(b) and sa == sb
