@@ -24,6 +24,8 @@ them, never importing each other):
 - `_caches`: bounded caches, `clear_caches`, compile state shared by equal wrappers
 - `_wrapper`: what every wrapper shares (decorators, binding, equality, dispatch)
 - `_lowering`: the ahead-of-time stages (`.trace`, `.lower`, `.eval_shape`, `.clear_cache`)
+- `_export`: `jax.export` over whole pytrees, and `call_exported`
+- `_pickling`: wrappers pickled as the public call that made them
 - `_mapped`: what the mapped transforms share
 - `_donation`: which donated buffers an output reuses; warnings and the strict mode
 - `_donation_report`: `donation_report`
@@ -47,6 +49,7 @@ from ._comparison import DonationComparison, ModeRow
 from ._donation import UnusableDonationWarning
 from ._donation_report import DonationReport, DonationRow, donation_report
 from ._eqx_errors import block_until_ready
+from ._export import call_exported
 from ._jit import filter_jit
 from ._mutation import MutatedArgumentWarning
 from ._pmap import filter_pmap
@@ -87,4 +90,5 @@ __all__ = [
     "ModeRow",
     "MutatedArgumentWarning",
     "block_until_ready",
+    "call_exported",
 ]

@@ -9,8 +9,9 @@ from typing import Any
 
 import jax
 
-from ._donation import hidden_depth, show_jax_warning
+from ._donation import hidden_depth, hide_jax_warning, show_jax_warning
 from ._eqx_errors import without_filtx_frames
+from ._export import exported_lowering
 from ._wrapper import dispatch
 
 __all__ = ["Traced", "Lowered", "Compiled", "AheadOfTime", "lowering"]
@@ -38,7 +39,17 @@ class AheadOfTime:
     the transform."""
 
     def _entry(self, args: tuple, kwargs: dict) -> tuple:
-        return self._boundary.prepare(self._fun, args, kwargs, self._build)
+        """`(entry, dynamic, split)` for these arguments, where a
+        `jax.ShapeDtypeStruct` stands for an array as in `jax.jit`'s stages: the
+        split sees an empty array of its dtype and rank in its place (so the
+        entry is the one a call with arrays finds), JAX's trace sees the shape."""
+        shapes: dict = {}
+        if any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree_util.tree_leaves((args, kwargs))):
+            args, kwargs = jax.tree_util.tree_map(lambda x: _stand_in(x, shapes), (args, kwargs))
+        entry, dynamic, split = self._boundary.prepare(self._fun, args, kwargs, self._build)
+        if shapes:
+            dynamic = [shapes.get(id(x), x) for x in dynamic]
+        return entry, dynamic, split
 
     def trace(self, /, *args, **kwargs) -> "Traced":
         """Trace for these arguments, without lowering or compiling.
@@ -60,8 +71,8 @@ class AheadOfTime:
             assert "stablehlo" in traced.lower().as_text()
             ```
         """
-        entry, dynamic, _ = self._entry(args, kwargs)
-        return Traced(entry.trace(*dynamic), self, entry)
+        entry, dynamic, split = self._entry(args, kwargs)
+        return Traced(entry.trace(*dynamic), self, entry, split)
 
     def lower(self, /, *args, **kwargs) -> "Lowered":
         """Lower for these arguments (ahead-of-time compilation).
@@ -141,21 +152,50 @@ class AheadOfTime:
         self._boundary.clear()
 
 
-class Traced:
-    """A traced call (`.trace(...)`): `.jaxpr`, `.lower()`, and JAX's own traced
-    object as `.traced`."""
+def _stand_in(x: Any, shapes: dict) -> Any:
+    """An empty array of `x`'s dtype and rank in place of a `ShapeDtypeStruct`
+    (kept as it is where JAX makes no such array), remembered in `shapes`."""
+    if not isinstance(x, jax.ShapeDtypeStruct):
+        return x
+    try:
+        stand_in = jax.numpy.zeros((0,) * len(x.shape), x.dtype)
+    except Exception:
+        return x
+    shapes[id(stand_in)] = x
+    return stand_in
 
-    def __init__(self, traced, wrapper, entry):
+
+class Traced:
+    """A traced call (`.trace(...)`): `.jaxpr`, `.fun_name`, `.lower()`, and JAX's
+    own traced object as `.traced`. Lowered for `jax.export`, it gives what
+    `jax.export` reads, over whole pytrees (see `_export`)."""
+
+    def __init__(self, traced, wrapper, entry, split=None):
         self.traced = traced
         self._wrapper = wrapper
         self._entry = entry
+        self._split = split
 
     @property
     def jaxpr(self):
         return self.traced.jaxpr
 
+    @property
+    def fun_name(self) -> str:
+        return getattr(self._wrapper, "__name__", None) or self._wrapper.name
+
     def lower(self, *args, **kwargs) -> "Lowered":
-        return Lowered(self.traced.lower(*args, **kwargs), self._wrapper, self._entry)
+        depth = hidden_depth()
+        if self._entry.plan.any_donated:  # filtx checked the donations when it traced
+            hide_jax_warning()
+        try:
+            lowered = self.traced.lower(*args, **kwargs)
+        finally:
+            show_jax_warning(depth)
+        if getattr(kwargs.get("_private_parameters"), "for_export", False):
+            specs = self._wrapper._boundary.resolver.specs
+            return exported_lowering(lowered, self._split, self._wrapper.name, list(getattr(specs, "positional", ())))
+        return Lowered(lowered, self._wrapper, self._entry)
 
 
 class Lowered:
