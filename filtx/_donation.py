@@ -18,6 +18,8 @@ from typing import Any
 
 import jax
 
+from ._roles import is_ref
+
 __all__ = ["UnusableDonationWarning"]
 
 
@@ -56,6 +58,23 @@ def reuse(in_avals: list, donated: list, out_avals: list) -> dict[int, int | Non
         if queue:
             found[queue.popleft()] = j
     return found
+
+
+def donations_beside_refs(dynamic: list, out_avals: list, donate_argnums: tuple) -> tuple:
+    """The donations JAX can compile next to the `jax.Ref`s among `dynamic`: all
+    but those no output reuses that have a Ref's shape and dtype. JAX pairs each
+    donated input with an output of its shape and dtype, the Refs' write-back
+    outputs included, which the Refs' own inputs already alias, and XLA refuses
+    that (a JAX bug, 0.7.2 to 0.12: "output index ... is already aliased"). The
+    user's outputs come first, so a donation one of them reuses is safe. What is
+    dropped saves nothing: it is kept, as JAX keeps a donated buffer no output
+    reuses."""
+    avals = [jax.typeof(x) for x in dynamic]
+    key = lambda a: (tuple(a.shape), a.dtype)  # noqa: E731
+    beside = {key(a) for x, a in zip(dynamic, avals) if is_ref(x)}
+    donated = [i in donate_argnums for i in range(len(avals))]
+    found = reuse(avals, donated, out_avals)
+    return tuple(i for i in donate_argnums if found[i] is not None or key(avals[i]) not in beside)
 
 
 def describe_aval(aval) -> str:

@@ -14,8 +14,9 @@ from ._gather import first_positions
 from ._out_specs import OutAxes
 from ._lowering import AheadOfTime, lowering
 from ._outputs import pack_outputs, unpack
+from ._donation import donations_beside_refs
 from ._resolve import LeafResolver
-from ._roles import is_array, parse_mode
+from ._roles import is_array, is_ref, parse_mode
 from ._eqx_errors import without_filtx_frames
 from ._errors import SpecError, output_path
 from ._sharding import OUT_SHARDINGS, SHARDINGS, check_mesh, place, placed, under_mesh
@@ -83,12 +84,18 @@ class _JitWrapper(AheadOfTime, Wrapper):
         donation = (self._mode, list(donated)) if donate_argnums else None
         placing = {} if plan.axes is None else {"in_shardings": self._in_shardings(split)}
         flat = flat_function(split, body, self.name, self.transform, self.source, donation)
-        jitted = jax.jit(flat, donate_argnums=donate_argnums, **placing, **self._jitkwargs)
+
+        def make(argnums: tuple) -> Callable:
+            return jax.jit(flat, donate_argnums=argnums, **placing, **self._jitkwargs)
+
+        jitted = make(donate_argnums)
         entry = Entry(  # stages looked up when asked for (EQX_ON_ERROR=breakpoint swaps jax.jit for a function)
             under_mesh(jitted, mesh), plan, pattern, lower=lowering(under_mesh(lambda *d: jitted.lower(*d), mesh)),
             donates=bool(donate_argnums), trace=lowering(under_mesh(lambda *d: jitted.trace(*d), mesh)),
         )
         entry.placements = placing.get("in_shardings")
+        if donate_argnums and any(map(is_ref, split.dynamic)):
+            _beside_refs(entry, jitted, make, donate_argnums, mesh)
         return entry
 
     def _in_shardings(self, split: Split) -> tuple:
@@ -102,6 +109,29 @@ class _JitWrapper(AheadOfTime, Wrapper):
 
     def _finish(self, out) -> Any:
         return unpack(*out)
+
+
+def _beside_refs(entry: Entry, jitted: Callable, make: Callable, donate_argnums: tuple, mesh: Any) -> None:
+    """A donating signature with `jax.Ref`s among its leaves: its first call (or
+    lowering) traces, then keeps only the donations JAX can compile next to the
+    Refs (`donations_beside_refs`), once per signature. JAX's trace cache serves
+    the final jit, so the function is traced once; later calls go straight to it."""
+    final: list = []
+
+    def decide(dynamic: tuple) -> Callable:
+        if not final:
+            out_avals = jax.tree_util.tree_leaves(jitted.trace(*dynamic).out_info)
+            kept = donations_beside_refs(list(dynamic), out_avals, donate_argnums)
+            final.append(jitted if kept == donate_argnums else make(kept))
+        return final[0]
+
+    def first_call(*dynamic):
+        call = decide(dynamic)
+        entry.compiled = under_mesh(call, mesh)
+        return call(*dynamic)
+
+    entry.compiled = under_mesh(first_call, mesh)
+    entry.lower = lowering(under_mesh(lambda *d: decide(d).lower(*d), mesh))
 
 
 def _placed_outputs(out: Any, out_shardings: OutAxes, mesh: Any) -> Any:

@@ -97,7 +97,7 @@ def test_the_interpax_list_is_left_as_the_caller_passed_it():
 
 
 def test_setting_a_flax_nnx_variable_warns_by_path_and_returns_what_equinox_returns():
-    nnx = pytest.importorskip("flax.nnx")
+    from flax import nnx
 
     class Counter(nnx.Module):
         def __init__(self):

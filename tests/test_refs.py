@@ -6,6 +6,7 @@ transformation cannot take them."""
 
 import dataclasses
 import gc
+import warnings
 import weakref
 
 import equinox as eqx
@@ -217,3 +218,94 @@ def test_a_cookbook_style_training_loop_in_refs_matches_jax_jit_with_one_trace()
     assert our_traces == their_traces == [1, 1]
     for a, b in zip(jax.tree.leaves(our_final), jax.tree.leaves(their_final)):
         np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+# ---------------------------------------------------------------------------
+# Donation next to a Ref of the same shape (JAX pairs a donated input with the
+# Ref's write-back output, and XLA refuses the alias: jax.jit crashes there)
+
+MODES = ["none", "arrays", "warn", "strict", "all", "all-except-first", "warn-except-first"]
+
+
+def scratch_step(total, w, x):  # x has the Ref's shape, and no output has it
+    total[...] += x * w.sum()
+    return w * 2, x.sum()
+
+
+def run_steps(f, calls=3):
+    total, w, x = jax.new_ref(jnp.zeros(3)), jnp.ones(2), jnp.arange(3.0)
+    outs, ws, xs = [], [], []
+    for _ in range(calls):
+        ws.append(w)
+        xs.append(x)
+        w, s = f(total, w, x)
+        outs.append((np.array(w), float(s)))  # a copy: a NumPy view of w would keep JAX from donating it
+        x = x + 1.0
+    return outs, np.asarray(total[...]), ws, xs
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_donation_next_to_a_ref_of_the_same_shape_runs_in_every_mode(mode):
+    want, want_total, _, _ = run_steps(filtx.filter_jit(scratch_step))
+    step = counting(scratch_step)
+    f = filtx.filter_jit(step, donate=mode)
+    if mode == "strict":  # x is a donation no output can reuse: refused before anything runs
+        total, x = jax.new_ref(jnp.zeros(3)), jnp.ones(3)
+        with pytest.raises(ValueError, match=r"args\[2\] \(float32\[3\]\)"):
+            f(total, jnp.ones(2), x)
+        assert not x.is_deleted() and float(total[...].sum()) == 0.0
+        return
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        outs, total, ws, xs = run_steps(f)
+    for (w, s), (want_w, want_s) in zip(outs, want):
+        np.testing.assert_array_equal(w, want_w)
+        assert s == want_s
+    np.testing.assert_array_equal(total, want_total)
+    assert step.traces == 1
+    # w is reused by the output w * 2, so it is donated (deleted) in every donating
+    # mode; x is reused by no output, and is kept, as JAX keeps such a donation
+    assert all(w.is_deleted() == (mode != "none") for w in ws)
+    assert not any(x.is_deleted() for x in xs)
+    unusable = [str(w.message) for w in caught if w.category is filtx.UnusableDonationWarning]
+    assert len(unusable) == (mode in ("warn", "warn-except-first")) and all("args[2]" in m for m in unusable)
+    assert not [w for w in caught if "donated" in str(w.message) and w.category is not filtx.UnusableDonationWarning]
+
+
+def test_a_donation_an_output_reuses_next_to_a_ref_is_still_aliased():
+    f = filtx.filter_jit(scratch_step, donate="arrays")
+    total = jax.new_ref(jnp.zeros(3))
+    text = f.lower(total, jnp.ones(2), jnp.ones(3)).as_text()
+    # the Ref's own alias and w's; x's donation, which would crash XLA, is dropped
+    assert text.count("tf.aliasing_output") == 2
+    compiled = f.lower(total, jnp.ones(2), jnp.ones(3)).compile()
+    w, s = compiled(total, jnp.ones(2), jnp.ones(3))
+    np.testing.assert_array_equal(w, 2.0)
+    np.testing.assert_array_equal(total[...], 2.0)
+
+
+def test_a_donation_report_then_calls_next_to_a_ref():
+    step = counting(scratch_step)
+    f = filtx.filter_jit(step, donate="arrays", specs={"x": filtx.donate})
+    total, w, x = jax.new_ref(jnp.zeros(3)), jnp.ones(2), jnp.ones(3)
+    report = filtx.donation_report(f, total, w, x)
+    assert [r.path for r in report.unusable] == ["args[2]"]
+    assert f.eval_shape(total, w, x)[1].shape == ()
+    w2, _ = f(total, w, x)
+    f(total, w2, x)
+    np.testing.assert_array_equal(total[...], 6.0)  # x * 2, then x * 4
+    assert step.traces == 1 and w.is_deleted() and not x.is_deleted()
+
+
+def test_donating_several_leaves_of_a_refs_shape_keeps_those_no_output_reuses():
+    def step(total, a, b, c):  # a and c have the Ref's shape; only one output does
+        total[...] += a + c
+        return a * 2, b.sum()
+
+    f = filtx.filter_jit(step, donate="arrays")
+    total, a, b, c = jax.new_ref(jnp.zeros(3)), jnp.ones(3), jnp.ones(4), jnp.ones(3)
+    out, s = f(total, a, b, c)
+    np.testing.assert_array_equal(out, 2.0)
+    np.testing.assert_array_equal(total[...], 2.0)
+    assert float(s) == 4.0
+    assert a.is_deleted() and not c.is_deleted()
