@@ -17,7 +17,8 @@ import functools
 import pickle
 import sys
 import types
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 
@@ -32,7 +33,7 @@ def reduce_wrapper(wrapper: Any) -> Any:
         return name
     factory, options = wrapper._made_by
     _check_options(wrapper, options)
-    return (remake, (factory, _given(wrapper), options))
+    return (remake, (factory, _given(wrapper, wrapper), options))
 
 
 def remake(factory: Callable, fun: Any, options: dict) -> Any:
@@ -88,7 +89,7 @@ def _pickler_by_value() -> bool:
     return any("cloudpickle" in c.__module__ or c.__module__.split(".")[0] == "dill" for c in type(this).__mro__)
 
 
-def _given(wrapper: Any) -> Any:
+def _given(wrapper: Any, pickled: Any) -> Any:
     """The function as the user gave it. A wrapper rebuilt as a pytree holds its
     function as a pytree (`jax.tree_util.Partial` for a `functools.partial` or a
     bound method): give the factory what the user gave."""
@@ -100,7 +101,7 @@ def _given(wrapper: Any) -> Any:
             return types.MethodType(given.func, given.args[0])
     if isinstance(given, types.FunctionType):
         holder = _named(given)
-        if holder is not given and getattr(holder, "_given", None) is given:
+        if holder is not given and holder is not pickled and getattr(holder, "_given", None) is given:
             return _FunctionOf(holder)
     return given
 

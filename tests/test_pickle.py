@@ -15,6 +15,7 @@ import pickle
 import subprocess
 import sys
 
+import _pickled
 import cloudpickle
 import equinox as eqx
 import jax
@@ -24,8 +25,6 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import filtx
-
-import _pickled
 
 TESTS = pathlib.Path(__file__).parent
 X = jnp.arange(4.0)
@@ -95,7 +94,7 @@ def test_every_wrapper_kind_pickles_and_runs_in_a_fresh_process():
             expected[f"{label}, {when} a call"] = (result, getattr(wrapper, "options", None))
     done = subprocess.run(
         [sys.executable, "-c", _CHILD.format(tests=str(TESTS))],
-        input=pickle.dumps(shipped), capture_output=True, timeout=240, env=dict(os.environ), cwd=str(TESTS),
+        input=pickle.dumps(shipped), capture_output=True, timeout=240, check=False, env=dict(os.environ), cwd=str(TESTS),
     )
     assert done.returncode == 0, done.stderr.decode()[-4000:]
     results = pickle.loads(done.stdout)
@@ -171,6 +170,27 @@ def test_the_function_carries_no_compile_state_by_value():
     back = cloudpickle.loads(payload)
     assert len(vars(back).get("__filtx_shared__", {})) == 0
     np.testing.assert_allclose(copy.copy(wrapper)(X), X * 2 - 1)
+
+
+def test_a_script_s_wrapper_goes_by_name_with_pickle_and_by_value_with_cloudpickle(monkeypatch):
+    """`@filter_jit` in a script (`__main__`): `multiprocessing`'s spawned workers
+    run the script again and find it by name; cloudpickle's workers (Ray, joblib)
+    run another `__main__`, so it travels by value there, as functions do."""
+    import __main__
+
+    def shipped(x):
+        return x * 4
+
+    shipped.__module__, shipped.__qualname__ = "__main__", "shipped"
+    wrapper = filtx.filter_jit(shipped)
+    monkeypatch.setattr(__main__, "shipped", wrapper, raising=False)
+    assert pickle.loads(pickle.dumps(wrapper)) is wrapper
+    by_value = cloudpickle.loads(cloudpickle.dumps(wrapper))
+    assert by_value is not wrapper and by_value._given is not shipped
+    np.testing.assert_allclose(by_value(X), X * 4)
+    # Made again with other options, it names the script's wrapper's function.
+    other = pickle.loads(pickle.dumps(wrapper.replace(donate="none", specs=None)))
+    assert other._given is shipped
 
 
 def test_meshes_and_devices_refuse_to_pickle_naming_the_option():
