@@ -3,11 +3,12 @@ inside `filter_jit`, each against the same compiled program called with the
 flat list of global leaves (the floor: what a transform that has already seen
 its arguments could do at best), on 8 virtual CPU devices (issue 27).
 
-    python benchmarks/pmap_parts.py                  # every row, 9 rounds
+    python benchmarks/pmap_parts.py                  # every row, 31 rounds
     python benchmarks/pmap_parts.py --rounds 15 --only sgd
 
 Rows (the variants of each row timed round-robin, a balanced Latin square of
-orders, medians per step; ranges are the rounds' quartiles):
+orders; each round's time over the floor's in the same round, the median and
+quartiles of those ratios over the rounds):
 
 - `dispatch`: a trivial body (one leaf + 1) on a 100-leaf model passed
   unchanged, blocking: `filter_pmap` against the floor and `jax.pmap` on the
@@ -170,7 +171,7 @@ def shard_map_row(n: int) -> dict:
     return rows
 
 
-ROWS = {"dispatch": (dispatch_row, 200), "sgd": (sgd_row, 10), "shard_map": (shard_map_row, 10)}
+ROWS = {"dispatch": (dispatch_row, 50), "sgd": (sgd_row, 4), "shard_map": (shard_map_row, 4)}
 
 
 def copied(state):
@@ -203,7 +204,7 @@ def time_row(make, steps: int, rounds: int, n: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--rounds", type=int, default=31)
     parser.add_argument("--only", nargs="*", default=list(ROWS), choices=list(ROWS))
     options = parser.parse_args()
     n = devices.COUNT
@@ -212,11 +213,11 @@ def main() -> None:
         make, steps = ROWS[row]
         times = time_row(make, steps, options.rounds, n)
         base = "floor" if "floor" in times else "floor-donating"
-        floor = float(np.median(times[base]))
-        print(f"-- {row} (against {base})")
+        print(f"-- {row}: per call, and the median [quartiles] of each round's ratio to {base} in that round")
         for name, t in times.items():
-            lo, med, hi = np.percentile(t, [25, 50, 75])
-            print(f"{name:32s} {med * 1e6:9.1f} us  {med / floor:.3f}x  [{lo / floor:.3f}-{hi / floor:.3f}]", flush=True)
+            ratio = np.asarray(t) / np.asarray(times[base])
+            lo, med, hi = np.percentile(ratio, [25, 50, 75])
+            print(f"{name:32s} {np.median(t) * 1e6:9.1f} us  {med:.3f}x  [{lo:.3f}-{hi:.3f}]", flush=True)
 
 
 if __name__ == "__main__":

@@ -67,7 +67,8 @@ class _PmapWrapper(AheadOfTime, Wrapper):
             mode, share, freeze(specs), freeze(in_axes), freeze(out_axes), axis_name, axis_size, freeze(devices), backend,
         ))
         self._boundary = self._shared(lambda: Boundary(
-            LeafResolver(fun, mode=mode, specs=specs, placement=AXES, placements=in_axes, fun_donates=fun_donates(fun)), share, self.name
+            LeafResolver(fun, mode=mode, specs=specs, placement=AXES, placements=in_axes, fun_donates=fun_donates(fun)), share, self.name,
+            layouts=not share,
         ))
         self._out_axes = OutAxes(out_axes)
         self._axis_name = _DEFAULT_AXIS_NAME if axis_name is None else axis_name

@@ -63,7 +63,9 @@ class _ShardMapWrapper(AheadOfTime, Wrapper):
         resolver = LeafResolver(
             fun, mode=MODES["none"], specs=specs, placement=SPECS, placements=in_specs, arrays_may_be_static=True
         )
-        self._boundary = self._shared(lambda: Boundary(resolver, share, self.name, unhashable_statics=True))
+        self._boundary = self._shared(lambda: Boundary(
+            resolver, share, self.name, unhashable_statics=True, layouts=not share
+        ))
         self._out_specs = OutAxes(out_specs, OUT_SPECS, "out_specs")
         self._fixed_out_specs = None if self._out_specs.needs_evaluation else _replicated_where_unset(self._out_specs.translated)
         self._mesh = mesh
