@@ -27,7 +27,7 @@ from typing import Any
 import jax
 from jax.tree_util import keystr
 
-from ._errors import call_leaf_paths
+from ._errors import call_leaf_paths, dynamic_paths
 
 __all__ = ["call_exported", "exported_lowering", "ExportedCall"]
 
@@ -75,10 +75,13 @@ class _Lowered:
 def exported_lowering(lowered: Any, split: Any, name: str, positional: list) -> _Lowered:
     """`traced.lower(...)` as `jax.export` asks for it: the call's description
     (raising, by path, where a part of it cannot be exported) over JAX's lowering."""
-    if split is None or split.pattern is not None:
+    if split.pattern is not None:
+        seen: set = set()
+        again = next((i for i, u in enumerate(split.pattern) if u in seen or seen.add(u)), 0)
         raise ValueError(
-            f"jax.export of {name}: this call shares leaves (share=True or a donated buffer at "
-            "several positions), which an exported call cannot keep; export it without sharing."
+            f"jax.export of {name}: {dynamic_paths(split.root, split.plan)[again]} is an array that "
+            "stands at an earlier position too (share=True, or a donated buffer), which an "
+            "exported call cannot keep; pass distinct arrays, or export without share=True."
         )
     fun, args, kwargs = split.root
     plan = split.plan

@@ -107,6 +107,9 @@ def test_what_cannot_be_exported_is_an_error_by_path():
         jax.export.export(filtx.filter_jit(model))(jnp.ones(3))
     with pytest.raises(ValueError, match=r"the output out\[1\] is a 'object' object"):
         jax.export.export(filtx.filter_jit(lambda x: (x, object())))(jnp.ones(3))
+    x = jnp.ones(3)
+    with pytest.raises(ValueError, match=r"args\[1\] is an array that stands at an earlier position"):
+        jax.export.export(filtx.filter_jit(lambda a, b: a + b, share=True))(x, x)
     with pytest.raises(TypeError, match="made from a filtx wrapper"):
         filtx.call_exported(jax.export.export(jax.jit(jnp.sin))(jnp.ones(3)), jnp.ones(3))
 
