@@ -144,7 +144,8 @@ class DonationComparison:
         widths = [max(len(str(row[i])) for row in [header, *body]) for i in range(len(header))]
         line = lambda row: "  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip()  # noqa: E731
         where = f", bytes per device ({self.devices} devices)" if self.per_device else ""
-        summary = f"{self.function}: {len(self.rows)} rows, {self.rounds} rounds of {self.calls} calls, round-robin{where}"
+        calls = f"{self.calls} call" + ("s" if self.calls != 1 else "")
+        summary = f"{self.function}: {len(self.rows)} rows, {self.rounds} rounds of {calls}, round-robin{where}"
         notes = []
         if any(r.peak_source == "sum" for r in self.rows):
             notes.append(

@@ -17,7 +17,7 @@ from filtx.demo import cli, donation, measure
 pytestmark = pytest.mark.e2e  # the demo, run as a user runs it (subprocesses, minutes of training): a CI step of its own (`pytest -m e2e`)
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
-DEMO_TIMEOUT_S = 120  # a quick run takes about 15 s on 2 cores
+DEMO_TIMEOUT_S = 240  # a quick run takes about 30 s on 2 cores
 
 
 def run_demo(*arguments: str) -> subprocess.CompletedProcess:
@@ -35,10 +35,11 @@ def run_demo(*arguments: str) -> subprocess.CompletedProcess:
     )
 
 
-def parse_table(stdout: str) -> dict[str, dict[str, str]]:
-    """The rows of the printed table, by mode, as {column header: cell}."""
+def parse_table(stdout: str, which: int = -1) -> dict[str, dict[str, str]]:
+    """The rows of a printed table (by default the last: one process per mode;
+    the first is compare_donation's), by mode, as {column header: cell}."""
     lines = stdout.splitlines()
-    header_index = next(i for i, line in enumerate(lines) if line.startswith("mode "))
+    header_index = [i for i, line in enumerate(lines) if line.startswith("mode ")][which]
     headers = re.split(r"\s{2,}", lines[header_index].strip())
     assert set(lines[header_index + 1].replace(" ", "")) == {"-"}
     rows = {}
@@ -67,6 +68,17 @@ def test_quick_demo_prints_one_row_per_mode(quick_run):
     assert list(rows) == ["none", "arrays", "warn"]
     for row in rows.values():
         assert float(row["time/step"].removesuffix(" ms")) > 0
+
+
+def test_the_demo_measures_the_step_with_compare_donation(quick_run):
+    assert quick_run.returncode == 0, quick_run.stderr
+    rows = parse_table(quick_run.stdout, which=0)
+    assert list(rows) == ["none", "arrays / warn"]  # arrays and warn donate the same leaves
+    none, donated = rows["none"], rows["arrays / warn"]
+    assert none["same result"] == donated["same result"] == "yes"
+    parameter_mb = donation.QUICK_CONFIG.parameter_mb() * 2**20 / 1e6
+    saved = megabytes(none["peak"]) - megabytes(donated["peak"])
+    assert abs(saved - parameter_mb) < 0.05 * parameter_mb, (saved, parameter_mb)  # all of it reused
 
 
 def test_final_losses_are_finite_and_identical_across_modes(quick_run):

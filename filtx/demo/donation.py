@@ -15,8 +15,12 @@ by plain SGD on a synthetic regression task. The training step
   is shown, so it counts in the `warnings` column.
 
 Donation only pays when nothing else keeps the old parameters alive, so the
-training loop rebinds `model` and keeps no other reference to it. Each mode
-runs in its own subprocess so that its peak memory is its own
+training loop rebinds `model` and keeps no other reference to it.
+
+`filtx.compare_donation` measures the step first, in one subprocess: time per
+step with the modes interleaved round-robin, the memory the compiled step needs
+(XLA's peak), what was donated and reused, whether the results agree. Then each
+mode trains in its own subprocess so that its peak resident memory is its own
 (`filtx.demo.measure`). Every mode uses the same PRNG keys and batches, so the
 final losses must be identical: donation changes where results are written,
 never what they are.
@@ -26,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 import warnings
 
 import equinox as eqx
@@ -152,17 +155,10 @@ def train(config: DonationConfig, donate: str) -> dict:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         steps_taken = 0
-        for _ in range(config.warmup_steps):  # compiles
+        for _ in range(config.warmup_steps + config.timed_steps):  # the first compiles
             model, loss = train_step(model, batches[steps_taken % len(batches)])
             steps_taken += 1
-        jax.block_until_ready((model, loss))
-
-        start = time.perf_counter()
-        for _ in range(config.timed_steps):
-            model, loss = train_step(model, batches[steps_taken % len(batches)])
-            steps_taken += 1
-        jax.block_until_ready((model, loss))
-        seconds = time.perf_counter() - start
+            jax.block_until_ready((model, loss))
 
     unusable_donations = 0
     for caught_warning in caught:
@@ -179,7 +175,6 @@ def train(config: DonationConfig, donate: str) -> dict:
         "mode": donate,
         "backend": jax.default_backend(),
         "steps": steps_taken,
-        "ms_per_step": 1e3 * seconds / config.timed_steps,
         "peak_rss_mb": measure.peak_rss_mb(),
         "peak_device_mb": measure.peak_device_mb(jax.devices()[0]),
         "final_loss": float(loss),
@@ -187,7 +182,21 @@ def train(config: DonationConfig, donate: str) -> dict:
     }
 
 
+def compare(config: DonationConfig) -> dict:
+    """`filtx.compare_donation` on the same step and data: time per step (modes
+    round-robin, steps pipelined), the memory the compiled step needs (XLA's
+    peak), what was reused, and whether the results agree."""
+    model = make_model(config, seed=0)
+    batches = make_batches(config, seed=1)
+    comparison = filtx.compare_donation(
+        make_train_step(config, "none"), model, batches[0], modes=MODES, rounds=config.timed_steps
+    )
+    return {"mode": "compare", "table": str(comparison), "rows": comparison.as_dicts()}
+
+
 def worker(mode: str, quick: bool) -> dict:
+    if mode == "compare":
+        return compare(config_for(quick))
     if mode not in MODES:
         raise ValueError(f"unknown donation mode {mode!r}; expected one of {MODES}")
     return train(config_for(quick), mode)
@@ -255,6 +264,13 @@ def run(quick: bool, timeout: float) -> None:
         "one subprocess per mode ==",
         flush=True,
     )
+    comparison = cli.run_worker("donation", "compare", quick, timeout)
+    print("filtx.compare_donation on the training step (one process):")
+    print(comparison["table"], flush=True)
     rows = [cli.run_worker("donation", mode, quick, timeout) for mode in MODES]
+    for row in rows:  # time per step from the comparison, which times the modes round-robin
+        measured = next(r for r in comparison["rows"] if row["mode"] in r["modes"])
+        row["ms_per_step"] = 1e3 * measured["seconds_per_call"]
+    print("\nThe same training, one process per mode (peak RSS is a process's high-water mark):")
     print(format_table(rows))
     print(interpret(rows, config.parameter_mb()), flush=True)
