@@ -37,10 +37,13 @@ class Feeding:
         self.feed = feed
         self.count = 0  # leading arguments fed from the output
         self.whole = False  # the output itself is args[0]
+        self.learned = False
 
     def learn(self, args: tuple, out: Any) -> None:
-        if self.feed is not None or not args:
+        """From the first output of the first mode to run; every mode feeds alike."""
+        if self.learned or self.feed is not None or not args:
             return
+        self.learned = True
         if _alike(out, args[0]):
             self.count, self.whole = 1, True
             return

@@ -28,7 +28,7 @@ def momentum_sgd(params, momentum, batch):
 
 
 def state():
-    params = {"a": jnp.ones(N), "b": jnp.full(N, 2.0)}
+    params = {"a": jnp.ones(N), "b": jnp.full(N, 2.0, jnp.float32)}  # not weakly typed: the outputs are not
     momentum = {"a": jnp.zeros(N), "b": jnp.zeros(N)}
     return params, momentum, jnp.arange(16.0)
 
@@ -79,6 +79,21 @@ def test_a_module_step_and_a_bound_method_hold_arrays_that_are_copied():
     assert [r.mode for r in bound.rows] == ["arrays", "none"]
     assert bound.rows[0].reused_bytes == 32 * 32 * 4  # the layer, fed back as args[0]
     assert not layer.w.is_deleted() and float(layer.w[0, 0]) == 1.0
+
+
+def test_every_mode_traces_and_compiles_cold_even_after_the_user_called_the_step():
+    traces = []
+
+    @filtx.filter_jit
+    def step(params, momentum, batch):
+        traces.append(None)
+        return momentum_sgd(params, momentum, batch)
+
+    step(*state())
+    assert len(traces) == 1
+    filtx.compare_donation(step, *state(), modes=["none", "arrays"], rounds=1, calls=1)
+    # a cold call thrown away first, then one per mode: none is taken from the user's entry
+    assert len(traces) == 1 + 3
 
 
 def test_modes_that_donate_the_same_leaves_share_a_row():
