@@ -123,8 +123,9 @@ def buffer_keys(values: list, fresh: set | None = None) -> list | None:
         sizes: set = set()
         keys = [-id(x) - 1 if id(x) in fresh else _buffer_key(x, sizes) for x in values]  # never an address
         if sizes:
+            sizes.add(None)  # a size that cannot be told: read its shards
             keys = [
-                _buffer_key(x) if id(x) in fresh and _shard_bytes(x) in sizes | {None} else k
+                _buffer_key(x) if type(k) is int and k < 0 and _shard_bytes(x) in sizes else k
                 for x, k in zip(values, keys)
             ]
     _check_partial_aliasing(keys)
@@ -194,6 +195,8 @@ def _check_partial_aliasing(keys: list) -> None:
         return
     owner: dict = {}
     for i, key in enumerate(keys):
+        if type(key) is int and key < 0:  # a fresh value's (see buffer_keys)
+            continue
         for pointer in key if isinstance(key, tuple) else (key,):
             j = owner.setdefault(pointer, i)
             if j != i and keys[j] != key:
