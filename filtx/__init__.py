@@ -39,6 +39,7 @@ them, never importing each other):
 - `_jit`, `_vmap`, `_pmap`, `_shard_map`, `_shard`: the transforms
 """
 
+import importlib.metadata as _metadata
 import os as _os
 
 from jax._src import traceback_util as _traceback_util
@@ -63,7 +64,36 @@ from ._vmap import filter_vmap
 # Tracebacks through JAX's API boundaries hide filtx's frames, as they hide JAX's.
 _traceback_util.register_exclusion(_os.path.dirname(__file__))
 
-__version__ = "0.1.0"
+
+def _version() -> str:
+    """The version `pyproject.toml` declares, as the installed metadata holds it.
+
+    An installed filtx (a wheel, or `pip install -e .`) answers from its metadata.
+    A source tree used without installing it (its root on `sys.path`) has none:
+    its own `pyproject.toml` is read instead, and `"0+unknown"` (a valid PEP 440
+    version) is the answer where neither is there. An editable install reports the
+    version it was installed at: after a bump, `pip install -e .` again
+    (`tests/test_packaging.py` checks that the two agree).
+    """
+    try:
+        return _metadata.version("filtx")
+    except _metadata.PackageNotFoundError:
+        pass
+    try:
+        import tomllib
+
+        path = _os.path.join(_os.path.dirname(_os.path.dirname(__file__)), "pyproject.toml")
+        with open(path, "rb") as file:
+            project = tomllib.load(file)["project"]
+        if project["name"] == "filtx":
+            return str(project["version"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return "0+unknown"
+
+
+__version__ = _version()
+del _version
 
 __all__ = [
     "filter_jit",

@@ -4,6 +4,8 @@ run, and `help(filtx)` pointing at nothing that is missing."""
 import importlib.metadata
 import pathlib
 import re
+import subprocess
+import sys
 import tomllib
 
 import filtx
@@ -70,3 +72,40 @@ def test_help_names_no_missing_file():
         if not any((base / name).exists() for base in (ROOT, ROOT / "docs", ROOT / "filtx"))
     ]
     assert not missing, f"help(filtx) names files that do not exist: {missing}"
+
+
+def test_version_is_the_released_one_everywhere():
+    """One version, written once in pyproject.toml: the installed metadata and
+    `filtx.__version__` say it (an editable install made before a bump fails here:
+    `pip install -e .` again), and the changelog's newest release is it."""
+    declared = pyproject()["project"]["version"]
+    assert re.fullmatch(r"\d+\.\d+\.\d+", declared), declared
+    assert importlib.metadata.version("filtx") == declared
+    assert filtx.__version__ == declared
+    changelog = (ROOT / "CHANGELOG.md").read_text()
+    headings = re.findall(r"^## (.+)$", changelog, flags=re.MULTILINE)
+    assert headings[0] == "Unreleased", headings[:2]
+    newest = re.fullmatch(r"(\d+\.\d+\.\d+) \((\d{4}-\d{2}-\d{2})\)", headings[1])
+    assert newest, f"the newest release heading reads {headings[1]!r}, not 'X.Y.Z (YYYY-MM-DD)'"
+    assert newest.group(1) == declared
+    releases = [h.split()[0] for h in headings[1:]]
+    as_tuples = [tuple(map(int, v.split("."))) for v in releases]
+    assert as_tuples == sorted(as_tuples, reverse=True), releases  # newest first
+
+
+def test_version_of_a_source_tree_not_installed():
+    """Without metadata (the checkout on sys.path, filtx not installed),
+    `filtx.__version__` is read from the checkout's pyproject.toml."""
+    code = (
+        "import importlib.metadata as m\n"
+        "def version(name):\n"
+        "    raise m.PackageNotFoundError(name)\n"
+        "m.version = version\n"
+        "import filtx\n"
+        "print(filtx.__version__)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == pyproject()["project"]["version"]
