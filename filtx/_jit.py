@@ -119,8 +119,9 @@ def _beside_refs(entry: Entry, jitted: Callable, make: Callable, donate_argnums:
     final: list = []
 
     def decide(dynamic: tuple) -> Callable:
-        if not final:
-            out_avals = jax.tree_util.tree_leaves(jitted.trace(*dynamic).out_info)
+        if not final:  # (EQX_ON_ERROR=breakpoint wraps jax.jit in a function without .trace)
+            traced = jitted.trace(*dynamic) if hasattr(jitted, "trace") else None
+            out_avals = [] if traced is None else jax.tree_util.tree_leaves(traced.out_info)
             kept = donations_beside_refs(list(dynamic), out_avals, donate_argnums)
             final.append(jitted if kept == donate_argnums else make(kept))
         return final[0]
