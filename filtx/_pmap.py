@@ -26,7 +26,6 @@ from ._caches import BoundedCache
 from ._errors import (
     dynamic_paths, no_mapped_input_error, owned_option_error, refs_in_pmap_error, unknown_option_error,
 )
-from ._eqx_errors import without_filtx_frames
 from ._hosts import Hosts, mapped_size_error, mesh_devices
 from ._lowering import AheadOfTime, lowering
 from ._out_specs import OutAxes, config_key
@@ -40,7 +39,7 @@ from ._roles import if_array, is_ref, parse_mode
 from ._share import unique_donation
 from ._typing import Pmapped
 from ._varying import check_unmapped_outputs
-from ._wrapper import Wrapper, dispatch, freeze, fun_donates, made_by
+from ._wrapper import Wrapper, call_error, dispatch, freeze, fun_donates, made_by
 
 __all__ = ["filter_pmap"]
 
@@ -84,14 +83,8 @@ class _PmapWrapper(AheadOfTime, Wrapper):
         entry, dynamic, split = self._boundary.prepare(self._fun, args, kwargs, self._build, False, reuse)
         try:
             out = dispatch(entry.call, dynamic, split, entry)
-        except (ValueError, IndexError, TypeError) as e:
-            error = self._size_error(split, dynamic)
-            if error is not None:
-                raise error from e
-            raise
-        except RuntimeError as e:
-            without_filtx_frames(e)
-            raise
+        except Exception as e:
+            raise call_error(e, (ValueError, IndexError, TypeError), lambda: self._size_error(split, dynamic))
         return self._boundary.finish(out, reuse, split)
 
     def _finish(self, out) -> Any:

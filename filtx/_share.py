@@ -105,29 +105,23 @@ def buffer_keys(values: list, fresh: set | None = None) -> list | None:
     object's id. `None` when a value is a tracer: the call is being traced by
     another transformation, and has no buffers to donate.
 
-    `fresh`: the ids of values returned by one call and fed straight back (see
-    `_reuse.fresh_leaves`). No other array held their buffers when they were
-    made, so only an array built later from their shards can share one: such
-    a value keeps its id for a key, and its shards are read only where another
-    value's were read and have its byte size (walking every shard of every
-    leaf costs a sharded call milliseconds)."""
+    `fresh`: ids of values returned by one call and fed back (`_reuse.fresh_leaves`).
+    No other array held their buffers when made, so only one built since from
+    their shards can share one: they are keyed by id, their shards read only
+    where another value's were and are of their byte size (reading every
+    shard of every leaf costs a sharded call milliseconds)."""
     try:
         return list(map(_buffer_pointer, values))  # all single-device: one C-level pass
     except Exception:
         pass
     if any(isinstance(x, jax.core.Tracer) for x in values):
         return None
-    if not fresh:
-        keys = [_buffer_key(x) for x in values]
-    else:
-        sizes: set = set()
-        keys = [-id(x) - 1 if id(x) in fresh else _buffer_key(x, sizes) for x in values]  # never an address
-        if sizes:
-            sizes.add(None)  # a size that cannot be told: read its shards
-            keys = [
-                _buffer_key(x) if type(k) is int and k < 0 and _shard_bytes(x) in sizes else k
-                for x, k in zip(values, keys)
-            ]
+    fresh, sizes = fresh or (), (set() if fresh else None)
+    keys = [-id(x) - 1 if id(x) in fresh else _buffer_key(x, sizes) for x in values]  # never an address
+    if sizes:
+        sizes.add(None)  # a size that cannot be told: read its shards
+        fresh_keys = [type(k) is int and k < 0 for k in keys]
+        keys = [_buffer_key(x) if f and _shard_bytes(x) in sizes else k for x, k, f in zip(values, keys, fresh_keys)]
     _check_partial_aliasing(keys)
     return keys
 
@@ -135,32 +129,24 @@ def buffer_keys(values: list, fresh: set | None = None) -> list | None:
 def _buffer_key(x, sizes: set | None = None) -> Any:
     """`x`'s key; the byte sizes of its buffers added to `sizes` where given."""
     try:
-        key = x.unsafe_buffer_pointer()
-        if sizes is not None:
-            sizes.add(x.nbytes)
-        return key
+        key, shards = x.unsafe_buffer_pointer(), (x,)
     except Exception:
-        pass
-    shards = getattr(x, "_arrays", None)
-    if shards:
         try:
-            key = tuple(sorted(map(_buffer_pointer, shards)))
-            if sizes is not None:
-                sizes.update(s.nbytes for s in shards)
-            return key
+            shards = getattr(x, "_arrays", None)
+            key = tuple(sorted(map(_buffer_pointer, shards))) if shards else id(x)
         except Exception:
-            pass
-    return id(x)
+            key, shards = id(x), None
+    if sizes is not None and shards:
+        sizes.update(s.nbytes for s in shards)
+    return key
 
 
 def _shard_bytes(x) -> int | None:
-    """The byte size of each of a `jax.Array`'s buffers (its shards are even), or
-    None where it cannot be told (then its shards are read)."""
-    if type(x) is not _ARRAY:
-        return None
-    key = (x.sharding, x.shape, x.dtype)
+    """The byte size of each buffer of a `jax.Array` (its shards are even); None
+    where it cannot be told (then its shards are read)."""
+    key = (x.sharding, x.shape, x.dtype) if type(x) is _ARRAY else None
     size = _SHARD_BYTES.get(key)
-    if size is None:
+    if size is None and key is not None:
         try:
             size = math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
         except Exception:

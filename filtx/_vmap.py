@@ -12,7 +12,6 @@ import jax.numpy as jnp
 
 from ._boundary import Boundary, Entry, Split, flat_function
 from ._caches import BoundedCache
-from ._eqx_errors import without_filtx_frames
 from ._errors import (
     donation_in_mapped_error,
     dynamic_paths,
@@ -27,7 +26,7 @@ from ._placement import AXES
 from ._resolve import LeafResolver
 from ._roles import MODES, if_array
 from ._typing import Mapped
-from ._wrapper import Wrapper, check_options, dispatch, freeze, made_by
+from ._wrapper import Wrapper, call_error, check_options, dispatch, freeze, made_by
 
 __all__ = ["filter_vmap"]
 
@@ -79,14 +78,8 @@ class _VmapWrapper(Wrapper):
             if out_axes is _IN_TRACE:
                 return self._resolved_in_trace(entry, dynamic)
             return unpack(*dispatch(self._vmap(flat, axes, (out_axes, None)), dynamic, split, entry))
-        except ValueError as e:
-            error = self._explain_failure(e, split, entry, dynamic, out_axes)
-            if error is not None:
-                raise error from e
-            raise
-        except RuntimeError as e:
-            without_filtx_frames(e)
-            raise
+        except Exception as e:
+            raise call_error(e, ValueError, lambda: self._explain_failure(e, split, entry, dynamic, out_axes))
 
     def _build(self, split: Split) -> Entry:
         plan = split.plan

@@ -18,14 +18,16 @@ from ._boundary import Entry, Split, unique_paths
 from ._caches import code_owner, is_table_attribute, shared_by_code
 from ._errors import aliased_ref_error, deleted_array_error, owned_option_error, rename_dynamic, unknown_option_error
 from ._donation import _hidden, show_jax_warning
-from ._eqx_errors import equinox_runtime_error
+from ._eqx_errors import equinox_runtime_error, without_filtx_frames
 from ._pickling import reduce_wrapper
 from ._roles import is_ref
 from ._share import any_deleted, refused_aliasing
 from ._sharding import misplaced_error
 from ._signature import signature_key
 
-__all__ = ["Wrapper", "Bound", "freeze", "check_options", "as_pytree", "fun_donates", "dispatch", "made_by"]
+__all__ = [
+    "Wrapper", "Bound", "freeze", "check_options", "as_pytree", "fun_donates", "dispatch", "call_error", "made_by",
+]
 
 
 def as_pytree(fun: Callable) -> Any:
@@ -293,3 +295,19 @@ def dispatch(call: Callable, dynamic: list, split: Split, entry: Entry, recheck:
     finally:
         if _hidden.depth != depth:  # this call compiled a donating computation
             show_jax_warning(depth)
+
+
+def call_error(error: Exception, kinds: Any = (), explain: Callable[[], Exception | None] | None = None) -> Exception:
+    """What a transform's call raises for `error`, raised by its dispatch: where
+    `error` is one of `kinds`, `explain()`'s clearer error (caused by `error`)
+    if it gives one; else `error` itself, an Equinox error filtx made without
+    filtx's frames. The caller raises it (`raise call_error(e, ...)`), so that
+    the traceback starts at the user's line."""
+    if explain is not None and isinstance(error, kinds):
+        better = explain()
+        if better is not None:
+            better.__cause__ = error
+            better.__suppress_context__ = True
+            return better
+    without_filtx_frames(error)
+    return error
