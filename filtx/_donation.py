@@ -70,7 +70,10 @@ def donations_beside_refs(dynamic: list, out_avals: list, donate_argnums: tuple)
     dropped saves nothing: it is kept, as JAX keeps a donated buffer no output
     reuses."""
     avals = [jax.typeof(x) for x in dynamic]
-    key = lambda a: (tuple(a.shape), a.dtype)  # noqa: E731
+
+    def key(aval):
+        return tuple(aval.shape), aval.dtype
+
     beside = {key(a) for x, a in zip(dynamic, avals) if is_ref(x)}
     donated = [i in donate_argnums for i in range(len(avals))]
     found = reuse(avals, donated, out_avals)

@@ -11,7 +11,8 @@ once per trace, after the function returns, and said by path with a
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 

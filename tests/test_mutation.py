@@ -49,7 +49,7 @@ def add_key(state, x):
 @dataclasses.dataclass
 class Box:  # a mutable pytree node
     w: jax.Array
-    scale: float = dataclasses.field(metadata=dict(static=True), default=2.0)
+    scale: float = dataclasses.field(metadata={"static": True}, default=2.0)
 
 
 def set_attribute(box, x):

@@ -282,7 +282,7 @@ def test_a_donation_an_output_reuses_next_to_a_ref_is_still_aliased():
     # the Ref's own alias and w's; x's donation, which would crash XLA, is dropped
     assert text.count("tf.aliasing_output") == 2
     compiled = f.lower(total, jnp.ones(2), jnp.ones(3)).compile()
-    w, s = compiled(total, jnp.ones(2), jnp.ones(3))
+    w, _ = compiled(total, jnp.ones(2), jnp.ones(3))
     np.testing.assert_array_equal(w, 2.0)
     np.testing.assert_array_equal(total[...], 2.0)
 
