@@ -45,6 +45,18 @@ class ModeRow:
 
     Bytes are per device for `filter_pmap` and sharded steps
     (`DonationComparison.per_device`).
+
+    !!! example
+
+        ```python
+        import jax.numpy as jnp
+        import filtx
+
+        step = filtx.filter_jit(lambda w, x: (w * x.mean(), x.sum()))
+        none, arrays = filtx.compare_donation(step, jnp.ones(1024), jnp.ones(8), rounds=2).rows
+        assert arrays.modes == ("arrays",) and arrays.reused_bytes == 1024 * 4
+        assert arrays.unusable == ("args[1]",) and none.donated_bytes == 0
+        ```
     """
 
     mode: str
@@ -96,6 +108,21 @@ class DonationComparison:
     (`rounds` rounds of `calls` pipelined calls per mode, round-robin), and
     `per_device` is true where bytes are per device (`filter_pmap`, sharded
     steps; `devices` says over how many).
+
+    !!! example
+
+        ```python
+        import json
+        import jax.numpy as jnp
+        import filtx
+
+        step = filtx.filter_jit(lambda w, x: (w * x.mean(), x.sum()))
+        comparison = filtx.compare_donation(step, jnp.ones(1024), jnp.ones(8), modes=["none", "warn", "arrays"], rounds=2)
+        assert [r.mode for r in comparison.rows] == ["none", "warn / arrays"]
+        assert comparison.best(by="peak_bytes").mode == "warn / arrays"
+        assert json.dumps(comparison.as_dicts())
+        print(comparison)
+        ```
     """
 
     function: str

@@ -28,9 +28,13 @@ def test_train_step(donation_benchmark, mode):
 '''
 
 
-def test_the_fixture_gives_one_entry_per_mode_with_bytes(pytester):
+def test_the_fixture_gives_one_entry_per_mode_with_bytes(pytester, monkeypatch):
+    for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
+        monkeypatch.delenv(name, raising=False)  # run by `pytest -n 2`: the inner run is not a worker
     pytester.makepyfile(test_suite=_SUITE)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--benchmark-json=out.json", "-q")
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-p", "no:xdist", "--benchmark-enable", "--benchmark-json=out.json", "-q"
+    )
     result.assert_outcomes(passed=2)
     entries = json.loads((pytester.path / "out.json").read_text())["benchmarks"]
     by_mode = {e["extra_info"]["mode"]: e for e in entries}
