@@ -21,7 +21,7 @@ import numpy as np
 from ._caches import unshared
 from ._donation_report import donation_report
 from ._errors import call_leaf_paths
-from ._memory import block, fresh_tree, is_deleted
+from ._memory import any_deleted, block, device_peak, fresh_tree, in_flight_window, is_deleted
 from ._roles import is_array, parse_mode
 from ._wrapper import Bound, Wrapper, as_pytree
 
@@ -89,7 +89,7 @@ class Run:
         fun0, args0, kwargs0 = self.originals
         self.fun_tree = fresh_tree(fun0)
         args, kwargs = fresh_tree(args0), fresh_tree(kwargs0)
-        before = _device_peak()
+        before = device_peak()
         try:
             t0 = time.perf_counter()
             self.out = out = self.bind(self.fun_tree)(*args, **kwargs)
@@ -100,12 +100,12 @@ class Run:
             return
         self.feeding.learn(args, out)
         self.args, self.kwargs = args, kwargs
-        self.copy_fun = _any_deleted(self.fun_tree)
-        self.copy_kwargs = _any_deleted(kwargs)
-        self.copy_tail = _any_deleted(args[self.feeding.count:])
+        self.copy_fun = any_deleted(self.fun_tree)
+        self.copy_kwargs = any_deleted(kwargs)
+        self.copy_tail = any_deleted(args[self.feeding.count:])
         self.args = self._next_args(args, out, None, check=True)
-        self.device_peak = _device_peak(above=before)
-        self.window = _window(out)
+        self.device_peak = device_peak(above=before)
+        self.window = in_flight_window(out)
 
     def warm(self, calls: int = 1) -> float:
         """`calls` untimed pipelined calls; their time."""
@@ -196,31 +196,6 @@ def _check_fed(label: str, args: tuple, new: tuple) -> None:
             f"than the step's (differing at args{differ[0]}); return the next call's positional "
             f"arguments with the same structure as `args`."
         )
-
-
-def _window(out: Any) -> int | None:
-    """Steps in flight at most (a block every so many calls): on CPU, the virtual devices of a step that spans
-    several wait for each other at every collective, and XLA aborts the process
-    when too many steps are queued; elsewhere, unbounded."""
-    for x in jax.tree_util.tree_leaves(out):
-        if isinstance(x, jax.Array) and len(x.sharding.device_set) > 1:
-            return 4 if next(iter(x.sharding.device_set)).platform == "cpu" else None
-    return None
-
-
-def _any_deleted(tree: Any) -> bool:
-    return any(is_deleted(x) for x in jax.tree_util.tree_leaves(tree))
-
-
-def _device_peak(above: int | None = None) -> int | None:
-    try:
-        stats = jax.local_devices()[0].memory_stats()
-    except Exception:
-        return None
-    peak = (stats or {}).get("peak_bytes_in_use")
-    if peak is None or (above is not None and peak <= above):
-        return None
-    return int(peak)
 
 
 # ---------------------------------------------------------------------------

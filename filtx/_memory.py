@@ -1,6 +1,7 @@
-"""What a donation comparison reads off arrays and compiled steps: fresh copies
-(placed as the originals are), deleted buffers, the memory a compiled step needs
-per device, and whether two results agree."""
+"""What a donation comparison reads off arrays, devices and compiled steps:
+fresh copies (placed as the originals are), deleted buffers, how many steps may
+be in flight, the device's own peak, the memory a compiled step needs per
+device, and whether two results agree."""
 
 from __future__ import annotations
 
@@ -12,7 +13,10 @@ import numpy as np
 
 from ._roles import is_ref
 
-__all__ = ["fresh", "fresh_tree", "is_deleted", "block", "memory_figures", "outputs_differ"]
+__all__ = [
+    "fresh", "fresh_tree", "is_deleted", "any_deleted", "block", "in_flight_window", "device_peak",
+    "memory_figures", "outputs_differ",
+]
 
 
 def fresh(x: Any) -> Any:
@@ -37,6 +41,31 @@ def is_deleted(x: Any) -> bool:
 
 def block(tree: Any) -> Any:
     return jax.block_until_ready(tree)
+
+
+def in_flight_window(out: Any) -> int | None:
+    """Steps in flight at most (a block every so many calls): on CPU, the virtual devices of a step that spans
+    several wait for each other at every collective, and XLA aborts the process
+    when too many steps are queued; elsewhere, unbounded."""
+    for x in jax.tree_util.tree_leaves(out):
+        if isinstance(x, jax.Array) and len(x.sharding.device_set) > 1:
+            return 4 if next(iter(x.sharding.device_set)).platform == "cpu" else None
+    return None
+
+
+def any_deleted(tree: Any) -> bool:
+    return any(is_deleted(x) for x in jax.tree_util.tree_leaves(tree))
+
+
+def device_peak(above: int | None = None) -> int | None:
+    try:
+        stats = jax.local_devices()[0].memory_stats()
+    except Exception:
+        return None
+    peak = (stats or {}).get("peak_bytes_in_use")
+    if peak is None or (above is not None and peak <= above):
+        return None
+    return int(peak)
 
 
 def memory_figures(compiled: Any) -> dict[str, Any]:
