@@ -69,7 +69,7 @@ def donations_beside_refs(dynamic: list, out_avals: list, donate_argnums: tuple)
     user's outputs come first, so a donation one of them reuses is safe. What is
     dropped saves nothing: it is kept, as JAX keeps a donated buffer no output
     reuses."""
-    avals = [jax.typeof(x) for x in dynamic]
+    avals = [x if isinstance(x, jax.ShapeDtypeStruct) else jax.typeof(x) for x in dynamic]
 
     def key(aval):
         return tuple(aval.shape), aval.dtype

@@ -113,7 +113,7 @@ class _JitWrapper(AheadOfTime, Wrapper):
 
 def _beside_refs(entry: Entry, jitted: Callable, make: Callable, donate_argnums: tuple, mesh: Any) -> None:
     """A donating signature with `jax.Ref`s among its leaves: its first call (or
-    lowering) traces, then keeps only the donations JAX can compile next to the
+    `.trace`, `.lower`) traces, then keeps only the donations JAX can compile next to the
     Refs (`donations_beside_refs`), once per signature. JAX's trace cache serves
     the final jit, so the function is traced once; later calls go straight to it."""
     final: list = []
@@ -133,6 +133,7 @@ def _beside_refs(entry: Entry, jitted: Callable, make: Callable, donate_argnums:
 
     entry.compiled = under_mesh(first_call, mesh)
     entry.lower = lowering(under_mesh(lambda *d: decide(d).lower(*d), mesh))
+    entry.trace = lowering(under_mesh(lambda *d: decide(d).trace(*d), mesh))
 
 
 def _placed_outputs(out: Any, out_shardings: OutAxes, mesh: Any) -> Any:

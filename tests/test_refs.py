@@ -285,6 +285,16 @@ def test_a_donation_an_output_reuses_next_to_a_ref_is_still_aliased():
     w, _ = compiled(total, jnp.ones(2), jnp.ones(3))
     np.testing.assert_array_equal(w, 2.0)
     np.testing.assert_array_equal(total[...], 2.0)
+    # the same through .trace, and with abstract values for the arrays
+    g = filtx.filter_jit(scratch_step, donate="arrays")
+    compiled = g.trace(total, jnp.ones(2), jnp.ones(3)).lower().compile()
+    sds = jax.ShapeDtypeStruct
+    also = g.lower(total, sds((2,), jnp.float32), sds((3,), jnp.float32)).compile()
+    w, x = jnp.ones(2), jnp.ones(3)
+    compiled(total, w, x)
+    also(total, jnp.ones(2), jnp.ones(3))
+    np.testing.assert_array_equal(total[...], 6.0)
+    assert w.is_deleted() and not x.is_deleted()
 
 
 def test_a_donation_report_then_calls_next_to_a_ref():
