@@ -12,12 +12,14 @@ import sys
 import warnings
 from typing import Any, Callable
 
+import jax
 import numpy as np
 
 from ._compare_runs import Run, make_runs
 from ._comparison import DonationComparison, ModeRow
 from ._donation import UnusableDonationWarning
 from ._memory import memory_figures, outputs_differ
+from ._roles import is_ref
 
 __all__ = ["compare_donation", "quiet_donation_warnings"]
 
@@ -59,11 +61,13 @@ def compare_donation(
     - `calls`: warm calls per round, pipelined, one block at the end (default:
         about 50 ms a round, from 1 to 1000 calls).
     - `feed`: `feed(args, out) -> next positional args`: how an output becomes the
-        next call's arguments. By default the output's leading items that have
-        the structure and abstract values of the leading arguments replace them
-        (`return model, opt_state, loss` feeds `model, opt_state`), or the whole
-        output replaces `args[0]` where it looks like it. Arguments not fed, and
-        donated by a mode, get a fresh copy per call, made outside the timed region.
+        next call's arguments. By default the whole output replaces `args[0]`
+        where it has its structure and abstract values; else each output item
+        that looks like an argument replaces it (`return model, opt_state, loss`
+        feeds `model, opt_state`, wherever they stand in the tuple; a bare array
+        only at its own position). Arguments not fed, and donated by a mode, get
+        a fresh copy per call, made outside the timed region. The table says
+        what was fed.
     - `baselines`: `("equinox",)` adds rows for `eqx.filter_jit(donate="all")` and
         `(donate="none")`, with the Equinox you imported (for `filter_jit` steps
         and plain functions; Equinox's defaults, not your `specs`).
@@ -130,7 +134,7 @@ def compare_donation(
             bar.step(r + 1)
         bar.close()
         rows, devices = _rows(runs)
-    return DonationComparison(name, tuple(rows), rounds, calls, devices > 1, devices)
+    return DonationComparison(name, tuple(rows), rounds, calls, devices > 1, devices, runs[0].feeding.describe())
 
 
 def _ok(runs: list[Run]) -> list[Run]:
@@ -146,7 +150,7 @@ def _guarded(run: Run, work: Callable) -> Any:
 
 
 def _rows(runs: list[Run]) -> tuple[list[ModeRow], int]:
-    reference = next((r.out for r in runs if r.error is None), None)
+    reference = next((_result(r) for r in runs if r.error is None), None)
     rows, devices = [], 1
     for run in runs:
         if run.error is not None:
@@ -161,7 +165,7 @@ def _rows(runs: list[Run]) -> tuple[list[ModeRow], int]:
         except Exception as e:  # figures are extras: a step that ran keeps its timings
             figures = {"peak_source": f"unavailable ({type(e).__name__}: {e})"}
         devices = max(devices, figures.pop("devices", 1))
-        same, difference = outputs_differ(run.out, reference)
+        same, difference = outputs_differ(_result(run), reference)
         times = np.asarray(run.times)
         rows.append(ModeRow(
             run.label, run.modes,
@@ -171,6 +175,13 @@ def _rows(runs: list[Run]) -> tuple[list[ModeRow], int]:
             device_peak_bytes=run.device_peak, **figures,
         ))
     return rows, devices
+
+
+def _result(run: Run) -> tuple:
+    """What a row's calls left: the last output, and the state of the `jax.Ref`s
+    among its arguments (a step may return nothing but update those)."""
+    refs = [x[...] for x in jax.tree_util.tree_leaves(run.args, is_leaf=is_ref) if is_ref(x)]
+    return run.out, refs
 
 
 class _Progress:

@@ -25,31 +25,58 @@ from ._memory import any_deleted, block, device_peak, fresh_tree, in_flight_wind
 from ._roles import is_array, parse_mode
 from ._wrapper import Bound, Wrapper, as_pytree
 
-__all__ = ["Run", "make_runs", "Feeding"]
+__all__ = ["Run", "make_runs", "Feeding", "WHOLE"]
+
+
+WHOLE = -1  # a `Feeding.sources` entry: the whole output feeds this argument
 
 
 class Feeding:
     """How a call's output becomes the next call's arguments: `feed(args, out)`
-    when given, else the output's leading items that look like the leading
-    arguments (structure and abstract values), or its whole, like `args[0]`."""
+    when given; else the whole output, where it looks like `args[0]` (structure
+    and abstract values), or the output's items that look like the arguments, in
+    order: a container (a model, an optimiser state) wherever it stands in the
+    output, a bare array only at its own position. Arguments nothing feeds are
+    held: the next call gets them again (a fresh copy where a mode donates them)."""
 
     def __init__(self, feed: Callable | None):
         self.feed = feed
-        self.count = 0  # leading arguments fed from the output
-        self.whole = False  # the output itself is args[0]
+        self.sources: list[int | None] = []  # per argument: the output item fed into it, or None
         self.learned = False
 
     def learn(self, args: tuple, out: Any) -> None:
         """From the first output of the first mode to run; every mode feeds alike."""
-        if self.learned or self.feed is not None or not args:
+        if self.learned or self.feed is not None:
             return
         self.learned = True
-        if _alike(out, args[0]):
-            self.count, self.whole = 1, True
+        self.sources = [None] * len(args)
+        if args and _alike(out, args[0]):
+            self.sources[0] = WHOLE
             return
-        if isinstance(out, (tuple, list)):
-            while self.count < min(len(out), len(args)) and _alike(out[self.count], args[self.count]):
-                self.count += 1
+        if not isinstance(out, (tuple, list)):
+            return
+        taken: set = set()
+        for i, arg in enumerate(args):
+            bare = jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(arg))
+            for j in [i] if bare else range(len(out)):
+                if j < len(out) and j not in taken and _alike(out[j], arg):
+                    self.sources[i] = j
+                    taken.add(j)
+                    break
+
+    @property
+    def held(self) -> list[int]:
+        return [i for i, source in enumerate(self.sources) if source is None]
+
+    def describe(self) -> str:
+        if self.feed is not None:
+            return "by feed="
+        fed = [f"args[{i}] <- out" + ("" if j == WHOLE else f"[{j}]") for i, j in enumerate(self.sources) if j is not None]
+        return ", ".join(fed) or "nothing (every call on the same arguments)"
+
+    def assemble(self, out: Any, held: tuple) -> tuple:
+        rest = iter(held)
+        return tuple(next(rest) if j is None else out if j == WHOLE else out[j] for j in self.sources)
 
 
 def _alike(a: Any, b: Any) -> bool:
@@ -79,7 +106,7 @@ class Run:
         self.first: float | None = None
         self.device_peak: int | None = None
         self.out = None
-        self.copy_fun = self.copy_tail = self.copy_kwargs = False
+        self.copy_fun = self.copy_held = self.copy_kwargs = False
         self.fix: list[int] = []  # positions of held leaves a user's `feed` gives back donated
 
     # -- the first calls ---------------------------------------------------------
@@ -102,7 +129,7 @@ class Run:
         self.args, self.kwargs = args, kwargs
         self.copy_fun = any_deleted(self.fun_tree)
         self.copy_kwargs = any_deleted(kwargs)
-        self.copy_tail = any_deleted(args[self.feeding.count:])
+        self.copy_held = any_deleted([args[i] for i in self.feeding.held])
         self.args = self._next_args(args, out, None, check=True)
         self.device_peak = device_peak(above=before)
         self.window = in_flight_window(out)
@@ -118,11 +145,12 @@ class Run:
         of the function's pytree, the held arguments and keyword arguments this
         mode donates (and deletes); the same objects where it does not."""
         fun0, args0, kwargs0 = self.originals
-        count = self.feeding.count
+        held = self.feeding.held
         sets = []
         for _ in range(calls):
             fun = fresh_tree(fun0) if self.copy_fun else self.fun_tree
-            tail = tuple(fresh_tree(args0[count:])) if self.copy_tail else self.args[count:]
+            source = args0 if self.copy_held else self.args
+            tail = tuple(fresh_tree(source[i]) if self.copy_held else source[i] for i in held)
             kwargs = fresh_tree(kwargs0) if self.copy_kwargs else self.kwargs
             fix = None
             if self.fix:
@@ -134,17 +162,16 @@ class Run:
 
     def timed(self, sets: list[tuple]) -> float:
         """The calls of one round, pipelined, with one block at the end."""
-        count, whole, feed = self.feeding.count, self.feeding.whole, self.feeding.feed
+        feeding = self.feeding
+        feed, assemble = feeding.feed, feeding.assemble
         args, out, window = self.args, self.out, self.window
         t0 = time.perf_counter()
         if feed is None:
-            fed = args[:count]
-            for i, (call, tail, kwargs, _) in enumerate(sets, 1):
-                out = call(*fed, *tail, **kwargs)
-                fed = (out,) if whole else tuple(out[:count])
+            for i, (call, held, kwargs, _) in enumerate(sets, 1):
+                args = assemble(out, held)  # the previous call's output, and this call's held arguments
+                out = call(*args, **kwargs)
                 if window and i % window == 0:
                     block(out)
-            args = (*fed, *tail)
         else:
             for i, (call, _, kwargs, fix) in enumerate(sets, 1):
                 out = call(*args, **kwargs)
@@ -158,8 +185,7 @@ class Run:
 
     def _next_args(self, args: tuple, out: Any, fix: dict | None, check: bool) -> tuple:
         if self.feeding.feed is None:
-            count = self.feeding.count
-            return ((out,) if self.feeding.whole else tuple(out[:count])) + tuple(args[count:])
+            return self.feeding.assemble(out, tuple(args[i] for i in self.feeding.held))
         new = tuple(self.feeding.feed(args, out))
         if check:
             _check_fed(self.label, args, new)
@@ -171,9 +197,9 @@ class Run:
 
     def live_inputs(self) -> tuple:
         """A call's worth of live inputs: `(callee, args, kwargs)`."""
-        call, tail, kwargs, fix = self.prepare(1)[0]
+        call, held, kwargs, fix = self.prepare(1)[0]
         if self.feeding.feed is None:
-            return call, self.args[: self.feeding.count] + tuple(tail), kwargs
+            return call, self.feeding.assemble(self.out, held), kwargs
         return call, _with_leaves(self.args, fix) if fix else self.args, kwargs
 
 

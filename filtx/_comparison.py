@@ -107,7 +107,8 @@ class DonationComparison:
     `function` names the step, `rounds` and `calls` say how it was timed
     (`rounds` rounds of `calls` pipelined calls per mode, round-robin), and
     `per_device` is true where bytes are per device (`filter_pmap`, sharded
-    steps; `devices` says over how many).
+    steps; `devices` says over how many); `fed` says which outputs fed the next
+    call's arguments.
 
     !!! example
 
@@ -131,6 +132,7 @@ class DonationComparison:
     calls: int
     per_device: bool = False
     devices: int = 1
+    fed: str = ""  # how outputs fed the next call: "args[0] <- out[0], ...", "by feed=", "nothing ..."
 
     def best(self, by: str = "peak_bytes") -> ModeRow:
         """The row with the least `peak_bytes` (ties: the faster) or the least
@@ -173,7 +175,7 @@ class DonationComparison:
         where = f", bytes per device ({self.devices} devices)" if self.per_device else ""
         calls = f"{self.calls} call" + ("s" if self.calls != 1 else "")
         summary = f"{self.function}: {len(self.rows)} rows, {self.rounds} rounds of {calls}, round-robin{where}"
-        notes = []
+        notes = [f"fed back: {self.fed}"] if self.fed else []
         if any(r.peak_source == "sum" for r in self.rows):
             notes.append(
                 "* this backend reports no peak: arguments + outputs - aliased + temporaries, "

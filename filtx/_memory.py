@@ -78,8 +78,9 @@ def memory_figures(compiled: Any) -> dict[str, Any]:
     while hasattr(inner, "compiled"):
         inner = inner.compiled
     analysis = inner.memory_analysis()
-    shardings = jax.tree_util.tree_leaves(getattr(inner, "input_shardings", ((), {}))[0])
-    devices = max([len(s.device_set) for s in shardings] or [1])
+    infos = [a for a in jax.tree_util.tree_leaves(inner.args_info, is_leaf=lambda a: hasattr(a, "donated")) if hasattr(a, "donated")]
+    shardings = _input_shardings(inner, len(infos))
+    devices = max([len(s.device_set) for s in shardings.values()] or [1])
     out: dict[str, Any] = {"devices": devices}
     if analysis is None:
         return out
@@ -92,17 +93,37 @@ def memory_figures(compiled: Any) -> dict[str, Any]:
             - analysis.alias_size_in_bytes + analysis.temp_size_in_bytes
         )
         out.update(peak_bytes=int(total), peak_source="sum")
-    out["reused_bytes"] = int(analysis.alias_size_in_bytes)
-    infos = [a for a in jax.tree_util.tree_leaves(inner.args_info, is_leaf=lambda a: hasattr(a, "donated")) if hasattr(a, "donated")]
-    if len(infos) == len(shardings):
-        out["donated_bytes"] = sum(_shard_bytes(a._aval, s) for a, s in zip(infos, shardings) if a.donated)
+    # A jax.Ref's write-back is aliased to its input too: that is not donation.
+    refs = sum(_shard_bytes(a._aval, shardings.get(i)) for i, a in enumerate(infos) if _is_ref_aval(a._aval))
+    out["reused_bytes"] = max(0, int(analysis.alias_size_in_bytes) - refs)
+    out["donated_bytes"] = sum(_shard_bytes(a._aval, shardings.get(i)) for i, a in enumerate(infos) if a.donated)
     return out
 
 
+def _input_shardings(inner: Any, count: int) -> dict[int, Any]:
+    """The sharding of every argument the executable kept, by argument index
+    (JAX drops the arguments a step does not use); `{}` where it cannot say."""
+    try:
+        shardings = jax.tree_util.tree_leaves(inner.input_shardings[0])
+    except Exception:  # a closed-over Ref (an Equinox baseline holding one), say
+        return {}
+    if len(shardings) == count:
+        return dict(enumerate(shardings))
+    kept = getattr(getattr(inner, "_executable", None), "_kept_var_idx", None)
+    if kept is not None and len(kept) == len(shardings):
+        return dict(zip(sorted(kept), shardings))
+    return {}
+
+
+def _is_ref_aval(aval: Any) -> bool:
+    return hasattr(aval, "inner_aval") or type(aval).__name__ == "AbstractRef"
+
+
 def _shard_bytes(aval: Any, sharding: Any) -> int:
+    aval = getattr(aval, "inner_aval", aval)
     try:
         shape = sharding.shard_shape(aval.shape)
-    except Exception:
+    except Exception:  # no sharding known: the whole array
         shape = aval.shape
     return math.prod(shape) * np.dtype(aval.dtype).itemsize
 

@@ -13,7 +13,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import filtx
-from filtx._compare_runs import Feeding
+from filtx._compare_runs import WHOLE, Feeding
 from filtx._comparison import DonationComparison, ModeRow
 from filtx._memory import memory_figures
 
@@ -116,13 +116,22 @@ def test_a_failing_mode_keeps_its_row_and_its_message():
 def test_feed_default_and_given():
     feeding = Feeding(None)
     feeding.learn(state(), momentum_sgd(*state()))
-    assert (feeding.count, feeding.whole) == (2, False)  # params, momentum; not the loss
+    assert feeding.sources == [0, 1, None]  # params, momentum; not the batch
+    assert feeding.describe() == "args[0] <- out[0], args[1] <- out[1]"
     whole = Feeding(None)
     whole.learn(({"w": jnp.ones(3)}, 1.0), {"w": jnp.zeros(3)})
-    assert (whole.count, whole.whole) == (1, True)
+    assert whole.sources == [WHOLE, None]
     nothing = Feeding(None)
-    nothing.learn((jnp.ones(3),), jnp.ones(4))
-    assert nothing.count == 0
+    nothing.learn((jnp.ones(3),), {"loss": jnp.ones(())})  # a step returning its metrics only
+    assert nothing.sources == [None] and nothing.describe().startswith("nothing")
+    # (loss, model, opt_state) from (x, model, opt_state): containers wherever they stand, a bare
+    # array only at its own position (the batch is not fed the loss)
+    rnn = Feeding(None)
+    rnn.learn((jnp.ones(3), {"m": jnp.ones(5)}, (jnp.ones(2),)), (jnp.ones(()), {"m": jnp.ones(5)}, (jnp.ones(2),)))
+    assert rnn.sources == [None, 1, 2]
+    swapped = Feeding(None)
+    swapped.learn(({"m": jnp.ones(5)}, jnp.ones(3), (jnp.ones(2),)), (jnp.ones(()), {"m": jnp.ones(5)}, (jnp.ones(2),)))
+    assert swapped.sources == [1, None, 2]
 
     def step(x, y):
         return x * 2, y + 1
@@ -131,6 +140,26 @@ def test_feed_default_and_given():
     assert all(r.error is None and r.same_result for r in given.rows)
     with pytest.raises(ValueError, match=r"mode none: feed\(args, out\) returned arguments of another structure"):
         filtx.compare_donation(step, jnp.ones(8), jnp.ones(8), feed=lambda args, out: (out,), rounds=1, calls=1)
+
+
+def test_steps_returning_metrics_unused_arguments_and_refs():
+    metrics = filtx.compare_donation(lambda p, b: {"loss": (p["w"] * b).sum()}, {"w": jnp.ones(4)}, jnp.ones(4), rounds=1, calls=2)
+    assert all(r.error is None and r.same_result for r in metrics.rows)
+    assert "fed back: nothing" in str(metrics)
+    # JAX drops an argument the step does not use: the bytes are still counted
+    unused = filtx.compare_donation(lambda p, b: {"w": p["w"] * 2.0}, {"w": jnp.ones(256)}, jnp.ones(8), rounds=1, calls=2)
+    assert unused.rows[1].donated_bytes == 256 * 4 + 8 * 4 and unused.rows[1].reused_bytes == 256 * 4
+
+    @filtx.filter_jit(donate="arrays")
+    def ref_step(state, w):
+        state["total"][...] = state["total"][...] + w.sum()
+        return w * 2
+
+    total = jax.new_ref(jnp.zeros(()))
+    refs = filtx.compare_donation(ref_step, {"total": total}, jnp.ones(100), rounds=1, calls=2)
+    arrays, none = refs.rows
+    assert arrays.reused_bytes == arrays.donated_bytes == 400 and none.reused_bytes == 0  # a Ref's write-back is no donation
+    assert arrays.same_result and float(total[...]) == 0.0  # the caller's Ref untouched
 
 
 def test_bad_input_is_named():
