@@ -12,7 +12,8 @@ over `jax.pmap`'s in that round, medians and quartiles of those ratios), then
 one filtx step is profiled (`cProfile`, 20 steps) and its host time split by
 filtx's own functions: the host-local to global conversions (`_hosts`), the
 split of the call (`_boundary`), the donation check (`_share`), building the
-outputs (`_outputs`), and the compiled call itself. Process 0 prints.
+outputs (`_outputs`), and the compiled call itself. Last, whether
+`eqx.filter_pmap` runs the step there at all. Process 0 prints.
 
 The workers are started by this script, bounded in time (`--timeout`), and
 killed and reaped whatever happens. A profile, not a suite of the report.
@@ -147,6 +148,12 @@ def worker(options) -> None:
             pstats.Stats(profile).sort_stats("tottime").print_stats(14)
         for label, us in host_split(pstats.Stats(profile), 20):
             say(f"   {label:44s} {us:9.1f}")
+    try:  # last: where it runs, a failure here leaves the rows above standing
+        model = eqx.combine(jax.tree_util.tree_map(lambda a: np.stack([np.asarray(a)] * n), params), static)
+        jax.block_until_ready(eqx.filter_pmap(step, axis_name="d", donate="all")(model, x))
+        say("eqx.filter_pmap: runs")
+    except Exception as e:
+        say(f"eqx.filter_pmap {eqx.__version__}: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
     jax.distributed.shutdown()
 
 
