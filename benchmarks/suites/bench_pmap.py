@@ -20,7 +20,18 @@ and already laid out across the devices.
   (`_support/interleave.py`). Targets: filtx <= 1.1x the baseline, callable
   `out_axes` included, and <= eqx.
 
-Under `--benchmark-disable` each body runs once (a smoke test).
+- `pmap/sgd-step/100`: an SGD step with a `pmean` of every gradient, the
+  model fed back, 4 steps a round: `filter_pmap` donating and not, `jax.pmap`
+  (`donate_argnums=0`), against the floor (the same computation compiled once,
+  called with the flat list of global leaves; donating and not). Targets
+  (issue 27): filtx <= 1.02x the floor, donating or not, and the donating row
+  within 2% of the non-donating one.
+- `pmap/shard_map-step/100`: the same step as `filter_shard_map` inside
+  `filter_jit` (donating and not), against `jax.jit(jax.shard_map,
+  donate_argnums=0)` and the donating floor (baseline). Target: <= 1.02x.
+
+Under `--benchmark-disable` each body runs once (a smoke test; the steps on a
+4-leaf MLP).
 """
 
 import functools as ft
@@ -31,7 +42,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, PartitionSpec as P
 
-from _support import devices, interleave, models, ratios
+from _support import data_parallel, devices, interleave, models, ratios
 
 import filtx
 
@@ -155,12 +166,76 @@ def test_first_call(benchmark, variant):
     np.testing.assert_allclose(np.asarray(out), expected())
 
 
+# ---------------------------------------------------------------------------
+# Data-parallel training steps against their floor (issue 27): the compiled
+# program called with the flat list of global leaves (see _support/data_parallel.py).
+
+STEP_SIZE, STEP_SMOKE_SIZE = 100, 4
+STEPS, STEP_ROUNDS = 4, 15
+SGD_GROUP = f"{SUITE}/sgd-step/{STEP_SIZE}"
+SGD_VARIANTS = ("floor", "floor-donating", "jax.pmap", "filter_pmap-arrays", "filter_pmap-none")
+MAP_GROUP = f"{SUITE}/shard_map-step/{STEP_SIZE}"
+MAP_VARIANTS = ("floor-donating", "jax.jit-shard_map", "filter_jit-shard_map-arrays", "filter_jit-shard_map-none")
+
+
+@ft.cache
+def step_rows(row: str, smoke: bool) -> dict:
+    make = data_parallel.sgd_row if row == "sgd" else data_parallel.shard_map_row
+    return make(DEVICES, STEP_SMOKE_SIZE if smoke else STEP_SIZE)
+
+
+def run_steps(call, state, steps):
+    for _ in range(steps):
+        state = call(state)
+    return jax.block_until_ready(state)
+
+
+def step_case(row: str, smoke: bool, variant: str) -> interleave.Case:
+    """A warm variant: three steps (compiled, records made), then each round
+    `STEPS` steps more, from the state the last round ended with (as a training
+    loop feeds its model back, step after step)."""
+    call, state = step_rows(row, smoke)[variant]
+    held = [run_steps(call, models.fresh_copy(state), 3)]
+    steps = 1 if smoke else STEPS
+
+    def more():
+        held[0] = run_steps(call, held[0], steps)
+        return held[0]
+
+    return interleave.Case(more, rounds=STEP_ROUNDS)
+
+
+def time_steps(benchmark, smoke, group, variant, baseline):
+    out = interleave.measure(
+        benchmark, suite=SUITE, group=group, variant=variant, baseline=baseline,
+        params={"arrays": STEP_SMOKE_SIZE if smoke else STEP_SIZE, "devices": DEVICES},
+        unit="step", per=1 if smoke else STEPS,
+    )
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree_util.tree_leaves(out) if eqx.is_array(x))
+
+
+@interleave.round_robin(group=SGD_GROUP, prepare=lambda smoke, variant: step_case("sgd", smoke, variant))
+@pytest.mark.parametrize("variant", SGD_VARIANTS)
+def test_sgd_step(benchmark, smoke, variant):
+    time_steps(benchmark, smoke, SGD_GROUP, variant, "floor")
+
+
+@interleave.round_robin(group=MAP_GROUP, prepare=lambda smoke, variant: step_case("shard_map", smoke, variant))
+@pytest.mark.parametrize("variant", MAP_VARIANTS)
+def test_shard_map_step(benchmark, smoke, variant):
+    time_steps(benchmark, smoke, MAP_GROUP, variant, "floor-donating")
+
+
 TARGETS = [
     (WARM_GROUP, "filtx", WARM_BASELINE, 1.2),
     (WARM_GROUP, "filtx", "eqx", 0.25),
     (FIRST_GROUP, "filtx", FIRST_BASELINE, 1.1),
     (FIRST_GROUP, "filtx-callable-out_axes", FIRST_BASELINE, 1.1),
     (FIRST_GROUP, "filtx", "eqx", 1.0),
+    (SGD_GROUP, "filter_pmap-arrays", "floor-donating", 1.02),
+    (SGD_GROUP, "filter_pmap-none", "floor", 1.02),
+    (SGD_GROUP, "filter_pmap-arrays", "filter_pmap-none", 1.02),
+    (MAP_GROUP, "filter_jit-shard_map-arrays", "floor-donating", 1.02),
 ]
 
 
