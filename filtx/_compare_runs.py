@@ -21,8 +21,8 @@ import numpy as np
 from ._caches import unshared
 from ._donation_report import donation_report
 from ._errors import call_leaf_paths
-from ._memory import any_deleted, block, device_peak, fresh_tree, in_flight_window, is_deleted
-from ._roles import is_array, parse_mode
+from ._memory import block, device_peak, fresh, fresh_tree, in_flight_window, is_deleted
+from ._roles import is_array, is_ref, parse_mode
 from ._wrapper import Bound, Wrapper, as_pytree
 
 __all__ = ["Run", "make_runs", "Feeding", "WHOLE"]
@@ -106,7 +106,8 @@ class Run:
         self.first: float | None = None
         self.device_peak: int | None = None
         self.out = None
-        self.copy_fun = self.copy_held = self.copy_kwargs = False
+        self.renew_fun = self.renew_kwargs = None  # masks of the leaves a call deletes (donates)
+        self.renew_held: list = []
         self.fix: list[int] = []  # positions of held leaves a user's `feed` gives back donated
 
     # -- the first calls ---------------------------------------------------------
@@ -127,9 +128,8 @@ class Run:
             return
         self.feeding.learn(args, out)
         self.args, self.kwargs = args, kwargs
-        self.copy_fun = any_deleted(self.fun_tree)
-        self.copy_kwargs = any_deleted(kwargs)
-        self.copy_held = any_deleted([args[i] for i in self.feeding.held])
+        self.renew_fun, self.renew_kwargs = _deleted_mask(self.fun_tree), _deleted_mask(kwargs)
+        self.renew_held = [_deleted_mask(args[i]) for i in self.feeding.held]
         self.args = self._next_args(args, out, None, check=True)
         self.device_peak = device_peak(above=before)
         self.window = in_flight_window(out)
@@ -148,10 +148,9 @@ class Run:
         held = self.feeding.held
         sets = []
         for _ in range(calls):
-            fun = fresh_tree(fun0) if self.copy_fun else self.fun_tree
-            source = args0 if self.copy_held else self.args
-            tail = tuple(fresh_tree(source[i]) if self.copy_held else source[i] for i in held)
-            kwargs = fresh_tree(kwargs0) if self.copy_kwargs else self.kwargs
+            fun = _renew(fun0, self.fun_tree, self.renew_fun)
+            tail = tuple(_renew(args0[i], self.args[i], m) for i, m in zip(held, self.renew_held))
+            kwargs = _renew(kwargs0, self.kwargs, self.renew_kwargs)
             fix = None
             if self.fix:
                 leaves = jax.tree_util.tree_leaves(args0)
@@ -201,6 +200,21 @@ class Run:
         if self.feeding.feed is None:
             return call, self.feeding.assemble(self.out, held), kwargs
         return call, _with_leaves(self.args, fix) if fix else self.args, kwargs
+
+
+def _deleted_mask(tree: Any) -> Any:
+    """Which leaves of `tree` a call deleted (donated), as a tree of bools; None
+    where none was."""
+    mask = jax.tree_util.tree_map(is_deleted, tree, is_leaf=is_ref)
+    return mask if any(jax.tree_util.tree_leaves(mask)) else None
+
+
+def _renew(original: Any, current: Any, mask: Any) -> Any:
+    """`current` with a fresh copy of `original`'s leaf where `mask` says the
+    call deletes it; every other leaf (a `jax.Ref` whose state goes on) as it is."""
+    if mask is None:
+        return current
+    return jax.tree_util.tree_map(lambda o, c, m: fresh(o) if m else c, original, current, mask, is_leaf=is_ref)
 
 
 def _with_leaves(tree: Any, leaves_at: dict) -> Any:

@@ -8,7 +8,7 @@ from typing import Any
 
 import jax
 
-from ._donation import describe_aval, hidden_depth, reuse, show_jax_warning
+from ._donation import describe_aval, donations_beside_refs, hidden_depth, reuse, show_jax_warning
 from ._errors import call_leaf_paths, keystr
 from ._gather import first_positions
 from ._roles import donate, static
@@ -142,9 +142,13 @@ def donation_report(wrapped: Any, /, *args, **kwargs) -> DonationReport:
     out_avals = jax.tree_util.tree_leaves(arrays)
     in_avals = [jax.typeof(x) for x in dynamic]
     donated = list(plan.donate_mask) if pattern is None else unique_donation(pattern, plan.donate_mask)
+    argnums = tuple(i for i, d in enumerate(donated) if d)
+    beside_refs = set(argnums) - set(donations_beside_refs(dynamic, out_avals, argnums))
+    donated = [d and i not in beside_refs for i, d in enumerate(donated)]  # kept, as the call keeps them
     found = reuse(in_avals, donated, out_avals)
     out_paths = _output_paths(carrier.info)
-    return DonationReport(wrapped.name, tuple(_rows(root, plan, pattern, in_avals, donated, found, out_paths)))
+    rows = _rows(root, plan, pattern, in_avals, donated, found, out_paths, beside_refs)
+    return DonationReport(wrapped.name, tuple(rows))
 
 
 def _output_paths(info) -> list[str]:
@@ -155,7 +159,7 @@ def _output_paths(info) -> list[str]:
     return [paths[i] for i in info.positions]
 
 
-def _rows(root, plan, pattern, in_avals, donated, found, out_paths):
+def _rows(root, plan, pattern, in_avals, donated, found, out_paths, beside_refs=frozenset()):
     leaves = jax.tree_util.tree_leaves(root)
     paths = call_leaf_paths(root)
     dynamic_paths = list(compress(paths, plan.dynamic_mask))
@@ -179,7 +183,12 @@ def _rows(root, plan, pattern, in_avals, donated, found, out_paths):
         asked = plan.roles[position] is donate
         if not donated[u]:
             reason = None
-            if asked:
+            if u in beside_refs:
+                reason = (
+                    f"kept: no output has {value}, and a jax.Ref of that shape and dtype is an "
+                    f"argument too (JAX cannot compile that donation)"
+                )
+            elif asked:
                 reason = f"kept: the same buffer is kept at {_other(dynamic_paths, unique_of, u, position, donated_at=plan)}"
             yield DonationRow(path, "traced", value, None, reason)
             continue

@@ -14,7 +14,7 @@ import numpy as np
 from ._roles import is_ref
 
 __all__ = [
-    "fresh", "fresh_tree", "is_deleted", "any_deleted", "block", "in_flight_window", "device_peak",
+    "fresh", "fresh_tree", "is_deleted", "block", "in_flight_window", "device_peak",
     "memory_figures", "outputs_differ",
 ]
 
@@ -51,10 +51,6 @@ def in_flight_window(out: Any) -> int | None:
         if isinstance(x, jax.Array) and len(x.sharding.device_set) > 1:
             return 4 if next(iter(x.sharding.device_set)).platform == "cpu" else None
     return None
-
-
-def any_deleted(tree: Any) -> bool:
-    return any(is_deleted(x) for x in jax.tree_util.tree_leaves(tree))
 
 
 def device_peak(above: int | None = None) -> int | None:

@@ -155,6 +155,19 @@ def test_steps_returning_metrics_unused_arguments_and_refs():
         state["total"][...] = state["total"][...] + w.sum()
         return w * 2
 
+    @filtx.filter_jit(donate="arrays")
+    def beside(state, batch, w):  # the batch has the Ref's shape and no output reuses it
+        state["w"][...] = state["w"][...] + batch
+        return w * 2
+
+    ref = jax.new_ref(jnp.ones(4))
+    rows = filtx.compare_donation(beside, {"w": ref}, jnp.ones(4), jnp.ones(100), rounds=1, calls=3).rows
+    assert all(r.same_result for r in rows) and float(ref[0]) == 1.0  # each row's Ref state goes on alike
+    assert rows[0].unusable == () and rows[0].donated_bytes == 400
+    report = filtx.donation_report(beside, {"w": ref}, jnp.ones(4), jnp.ones(100))
+    assert "a jax.Ref of that shape and dtype is an argument too" in report.rows[1].reason
+    assert report.rows[1].role == "traced"  # kept, as the call keeps it
+
     total = jax.new_ref(jnp.zeros(()))
     refs = filtx.compare_donation(ref_step, {"total": total}, jnp.ones(100), rounds=1, calls=2)
     arrays, none = refs.rows
