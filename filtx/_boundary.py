@@ -255,15 +255,15 @@ class Boundary:
 
     def _laid_out(self, plan: Plan, statics: tuple, dynamic: list, root: tuple) -> Split | None:
         """The split of a donating call its layout laid out, or None where donation
-        needs the full path's checks (another trace, aliased or sharded buffers)."""
-        if (
-            plan.aliased
-            or not top_level()
-            or len(set(map(id, dynamic))) != len(dynamic)
-            or not _share.single_device_call(plan.donated, dynamic)
-        ):
+        needs the full path (another trace, aliased buffers). Sharded buffers are
+        checked here, the leaves of recorded outputs fed back known apart by id."""
+        if plan.aliased or not top_level() or len(set(map(id, dynamic))) != len(dynamic):
             return None
-        return Split(plan, statics, dynamic, None, root, False)
+        if _share.single_device_call(plan.donated, dynamic):
+            return Split(plan, statics, dynamic, None, root, False)
+        found = self.records and slotted(self.records, root[1])
+        split = self._donation_split(plan, statics, dynamic, root, found[1] if found else None)
+        return split if split.pattern is None and split.plan is plan else None
 
     def _explain(self, split: Split) -> None:
         plan = split.plan
