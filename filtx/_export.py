@@ -25,6 +25,7 @@ import types
 from typing import Any
 
 import jax
+import jax.export  # a submodule JAX 0.7 does not import with `jax`
 from jax.tree_util import keystr
 
 from ._errors import call_leaf_paths, dynamic_paths
