@@ -5,6 +5,7 @@
     python benchmarks/report.py --output /tmp/report   # write elsewhere than docs/
     python benchmarks/report.py --save-data run.json   # keep the figures, then
     python benchmarks/report.py --from-data run.json   # rewrite page and plots only
+    python benchmarks/report.py --only hosts           # one suite: its section and plot updated
 
 What it does:
 
@@ -20,7 +21,9 @@ What it does:
    back here. With `--quick`, `FILTX_BENCH_QUICK=1` too (smaller models in
    `bench_first_call.py`, whose full ones take seconds to compile per round;
    fewer rounds of the dispatch suite's inference loop).
-3. `<output>/benchmarks.md`: the date, the machine and the versions, then one
+3. The two-process suite (`suites/bench_hosts.py`): 2 processes x 2 virtual
+   devices on loopback, started, bounded and reaped by `bench_hosts.run_all`.
+4. `<output>/benchmarks.md`: the date, the machine and the versions, then one
    table per suite, every figure a median and a ratio against the baseline
    measured in the same run (`_support/report_pages.py`); PNG plots under
    `<output>/img/` (`_support/report_plots.py`).
@@ -48,6 +51,7 @@ SUITES = os.path.join(HERE, "suites")
 sys.path[:0] = [HERE, SUITES]  # `_support` and `bench_donation`
 
 import bench_donation  # noqa: E402  (standard library only at import time)
+import bench_hosts  # noqa: E402  (standard library only at import time)
 from _support import report_pages as pages  # noqa: E402
 from _support import report_plots as plots  # noqa: E402
 
@@ -174,7 +178,34 @@ def measure(quick: bool, log) -> dict:
         suites = run_pytest_suites(quick, workdir)
     log(f"pytest: {suites['summary']} (exit {suites['returncode']})")
     return {"time": now.isoformat(), "quick": quick, "info": info, "device": device,
-            "donation": donation, "donation_s": donation_s, "suites": suites}
+            "donation": donation, "donation_s": donation_s, "suites": suites,
+            "hosts": measure_hosts(quick, log)}
+
+
+def measure_hosts(quick: bool, log) -> dict:
+    """The two-process suite (`bench_hosts.run_all`), dated."""
+    log("several processes: " + ", ".join(bench_hosts.GROUPS))
+    now = datetime.datetime.now(datetime.timezone.utc)
+    hosts = dict(bench_hosts.run_all(quick), time=now.isoformat())
+    log(f"several processes: {'failed' if hosts['error'] else 'done'} in {hosts['seconds']:.0f} s")
+    return hosts
+
+
+def write_only_hosts(hosts: dict, output: str) -> str:
+    """The two-process suite's section of `<output>/benchmarks.md` (updated in
+    place, or added) and its plot; returns the page's path."""
+    img = os.path.join(output, "img")
+    os.makedirs(img, exist_ok=True)
+    plots.plot_hosts(hosts["groups"], img, bench_hosts.TARGETS)
+    path = os.path.join(output, "benchmarks.md")
+    page = []
+    if os.path.exists(path):
+        with open(path) as f:
+            page = f.read().split("\n")
+    page = pages.replace_section(page, pages.hosts_section(hosts, bench_hosts))
+    with open(path, "w") as f:
+        f.write("\n".join(page))
+    return path
 
 
 def write(data: dict, output: str) -> str:
@@ -191,13 +222,18 @@ def write(data: dict, output: str) -> str:
     plots.plot_fsdp_memory(suites["groups"], img)
     plots.plot_adam_loop(suites["groups"], img)
     plots.plot_inference_loop(suites["groups"], img)
+    hosts = data.get("hosts")
+    if hosts:
+        plots.plot_hosts(hosts["groups"], img, bench_hosts.TARGETS)
 
     now = datetime.datetime.fromisoformat(data["time"])
     lines = pages.header(now=now, quick=data["quick"], info=data["info"], device=device, gpu=gpu,
-                         donation_s=data["donation_s"], suites_s=suites["seconds"])
+                         donation_s=data["donation_s"], suites_s=suites["seconds"],
+                         hosts_s=hosts["seconds"] if hosts else None)
     lines += pages.donation_section(data["donation"], gpu, bench_donation)
     for suite in PYTEST_SUITES:
         lines += pages.suite_section(suite, suites["groups"], suites["share_memory"])
+    lines += pages.hosts_section(hosts, bench_hosts)
     lines += pages.failures_section(suites)
     lines += pages.REPRODUCING
     path = os.path.join(output, "benchmarks.md")
@@ -215,24 +251,34 @@ def main(argv=None) -> int:
                         help="also write the measured figures to FILE (JSON)")
     parser.add_argument("--from-data", metavar="FILE",
                         help="measure nothing: rewrite the page and plots from a --save-data FILE")
+    parser.add_argument("--only", choices=("hosts",),
+                        help="run one suite and update its section and plot in <output> (the rest stays)")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     log = lambda message: print(f"[{time.perf_counter() - started:6.1f} s] {message}", flush=True)  # noqa: E731
 
+    only = args.only == "hosts"  # then --save-data / --from-data hold this suite's figures alone
     if args.from_data:
         with open(args.from_data) as f:
             data = json.load(f)
     else:
-        data = measure(args.quick, log)
+        data = measure_hosts(args.quick, log) if only else measure(args.quick, log)
     if args.save_data:
         with open(args.save_data, "w") as f:
             json.dump(data, f, indent=1)
+    if only:
+        log(f"wrote {write_only_hosts(data, args.output)}")
+        if data["error"]:
+            print(data["error"], file=sys.stderr)
+        return 1 if data["error"] else 0
     path = write(data, args.output)
     log(f"wrote {path} and {os.path.join(args.output, 'img')}/")
-    suites = data["suites"]
+    suites, hosts = data["suites"], data.get("hosts") or {}
     if suites["returncode"] != 0:
         print(suites["tail"], file=sys.stderr)
-    return 0 if suites["returncode"] == 0 else 1
+    if hosts.get("error"):
+        print(hosts["error"], file=sys.stderr)
+    return 0 if suites["returncode"] == 0 and not hosts.get("error") else 1
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.report
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPORT = os.path.join(ROOT, "benchmarks", "report.py")
-TIME_LIMIT_S = 600  # --quick takes about 5.5 minutes on 2 cores; this leaves room for a slow runner
+TIME_LIMIT_S = 600  # --quick takes about 6 minutes on 2 cores (the two-process suite 30 s); room for a slow runner
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 SECTIONS = (
     "## Donation modes",
@@ -29,6 +29,7 @@ SECTIONS = (
     "## Flax NNX as a peer",
     "## Sharded training",
     "## First call of a training step",
+    "## A step under several processes",
 )
 
 
@@ -75,6 +76,9 @@ def test_quick_report(tmp_path):
         columns = [i for i, name in enumerate(header) if "ratio" in name]
         for row in rows:
             assert len(row) == len(header), (header, row)
+            if any(cell.startswith("fails: `") for cell in row):  # a variant that failed says so
+                assert all(row[i] == "—" for i in columns), row
+                continue
             for i in columns:
                 value = float(row[i])  # "n/a" or "-" would fail here
                 assert math.isfinite(value) and value > 0, (header, row)
@@ -87,6 +91,15 @@ def test_quick_report(tmp_path):
         assert any(row[0].startswith(f"`{suite}/") for row in suite_rows), suite
     for prefix in ("`dispatch/inference-loop-", "`first_call/transformer-", "`first_call/mlp-"):
         assert any(row[0].startswith(prefix) for row in suite_rows), prefix
+
+    # The two-process suite: both groups at both sizes, filtx's rows timed.
+    hosts = {(row[0], row[1]): row for header, rows in parsed if header[:2] == ["group", "variant"]
+             for row in rows}
+    for size in (18, 98):
+        assert hosts[(f"`hosts/pmap-sgd-step/{size}`", "**jax.pmap**")]
+        assert float(hosts[(f"`hosts/pmap-sgd-step/{size}`", "filter_pmap")][3]) > 0
+        assert float(hosts[(f"`hosts/jit-sgd-step/{size}`", "filter_jit+shardings")][3]) > 0
+        assert (f"`hosts/pmap-sgd-step/{size}`", "eqx.filter_pmap") in hosts  # a number, or why it fails
 
     # Donation: `arrays` peaks lower than `none` at the largest quick SGD size.
     donation = next(rows for header, rows in parsed if header[:3] == ["optimiser", "params MB", "mode"])
@@ -102,7 +115,7 @@ def test_quick_report(tmp_path):
     # Every image the page shows exists and is a PNG.
     images = re.findall(r"!\[[^\]]*\]\((img/[^)]+\.png)\)", markdown)
     assert len(images) >= 7, images
-    for image in ("img/adam_loop.png", "img/inference_loop.png", "img/first_call.png"):
+    for image in ("img/adam_loop.png", "img/inference_loop.png", "img/first_call.png", "img/hosts.png"):
         assert image in images, image
     for image in images:
         data = (tmp_path / image).read_bytes()

@@ -72,7 +72,7 @@ def table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def header(*, now, quick: bool, info: dict, device: dict, gpu: bool,
-           donation_s: float, suites_s: float) -> list[str]:
+           donation_s: float, suites_s: float, hosts_s: float | None = None) -> list[str]:
     """The title, the date, the machine and the versions."""
     v = info["versions"]
     where = (f"**GPU**: {device['count']} × {device['device']} (memory figures are the device's "
@@ -99,7 +99,8 @@ def header(*, now, quick: bool, info: dict, device: dict, gpu: bool,
         f"| versions | python {v['python']}, jax {v['jax']}, jaxlib {v['jaxlib']}, "
         f"equinox {v['equinox']}, flax {v['flax']}, optax {v['optax']}, filtx {v['filtx']}, "
         f"pytest-benchmark {v['pytest-benchmark']} |",
-        f"| run time | donation {donation_s:.0f} s, pytest suites {suites_s:.0f} s |",
+        f"| run time | donation {donation_s:.0f} s, pytest suites {suites_s:.0f} s"
+        + (f", several processes {hosts_s:.0f} s |" if hosts_s is not None else " |"),
         "",
     ]
 
@@ -222,6 +223,72 @@ def suite_section(suite: str, groups: dict, share_memory: dict | None) -> list[s
     return lines
 
 
+HOSTS_TITLE = "A step under several processes: 2 processes × 2 devices (`suites/bench_hosts.py`)"
+
+
+def hosts_section(hosts: dict | None, plan) -> list[str]:
+    """The two-process suite's table; `plan` is the `bench_hosts` module (its
+    groups and targets). A variant that failed says so in its row."""
+    lines = [f"## {HOSTS_TITLE}", ""]
+    if not hosts or not hosts.get("groups"):
+        why = (hosts or {}).get("error") or "not run"
+        return lines + ["Not measured in this run:", "", "```", why[-2000:], "```", ""]
+    run = hosts["plan"]
+    lines += [
+        f"{run['processes']} processes × {run['local_devices']} virtual CPU devices on loopback "
+        "(`jax.distributed`, gloo collectives), started, bounded in time and reaped by the report "
+        f"(measured {hosts.get('time', '')[:16].replace('T', ' ')} UTC, {hosts['seconds']:.0f} s). "
+        "Each process times warm steps of a donating SGD step (a `pmean` of every gradient, the "
+        "model fed back; `jax.jit` takes the mean over the global batch) on MLPs of 18 and 98 "
+        f"array leaves; every variant of a size round-robin, {run['rounds']} rounds of "
+        f"{run['steps']} step{'s' if run['steps'] > 1 else ''} after {run['warm']} untimed, "
+        "process 0's clock. *round ratio*: the median of each round's time over the group's "
+        "baseline's (in bold) in that round, with its *quartiles*: the figure the targets are read "
+        "on, since a burst of load moves a whole round; *ratio of medians* and *min ratio*: the "
+        "medians' and the minima's, as the other suites give them. Lower is better. The step is "
+        "bound by gloo's collectives on loopback, so the machine's load moves these ratios more "
+        "than the host's work does: on a shared machine read the quartiles before the median.",
+        "",
+    ]
+    head = ["group", "variant", "median", "round ratio", "quartiles", "ratio of medians", "min ratio",
+            "rounds", "target"]
+    cells = []
+    for name, g in hosts["groups"].items():
+        target = plan.TARGETS.get(name.rsplit("/", 1)[0])
+        for variant, v in g["variants"].items():
+            shown = f"**{variant}**" if variant == g["baseline"] else variant
+            if v.get("error"):
+                cells.append([f"`{name}`", shown, f"fails: `{v['error']}`", "—", "—", "—", "—", "0", "—"])
+                continue
+            lo, med, hi = v["round_ratios"]
+            goal = "—"
+            if target and target[0] == variant:
+                goal = f"≤ {target[1]:.2f}: " + ("met" if med <= target[1] else "**not met**")
+            cells.append([f"`{name}`", shown, fmt_time(v["median_s"]), fmt_ratio(med), f"{lo:.3f}–{hi:.3f}",
+                          fmt_ratio(v["ratio"]), fmt_ratio(v["ratio_min"]), str(v["rounds"]), goal])
+    lines += table(head, cells)
+    if any(v.get("error") for g in hosts["groups"].values() for v in g["variants"].values()):
+        lines += ["", "*fails*: the variant raised while compiling or running its first steps, in "
+                  "every size; the error is its first line (for `eqx.filter_pmap`: JAX's host-local "
+                  "to global conversion given Equinox's arguments)."]
+    lines += ["", "![hosts: each variant's round ratio to its group's baseline, quartiles as "
+              "whiskers, the targets dashed; lower is better](img/hosts.png)", ""]
+    return lines
+
+
+def replace_section(page: list[str], section: list[str]) -> list[str]:
+    """`page` with the section that starts with `section`'s heading replaced by
+    `section` (up to the next `## ` heading), or `section` inserted before
+    `## Failures` / `## Reproducing` when the page has none."""
+    heading = section[0]
+    if heading in page:
+        start = page.index(heading)
+        end = next((i for i in range(start + 1, len(page)) if page[i].startswith("## ")), len(page))
+        return page[:start] + section + page[end:]
+    at = next((i for i, line in enumerate(page) if line in ("## Failures", "## Reproducing")), len(page))
+    return page[:at] + section + page[at:]
+
+
 def failures_section(suites: dict) -> list[str]:
     if suites["returncode"] == 0:
         return []
@@ -237,6 +304,7 @@ REPRODUCING = [
     "python benchmarks/report.py            # this page and docs/img/",
     "python benchmarks/report.py --quick    # small sizes, about 5 minutes on 2 cores",
     "python -m pytest benchmarks/suites/bench_dispatch.py --benchmark-enable   # one suite's ratios",
+    "python benchmarks/report.py --only hosts   # the two-process suite: its section and plot updated",
     "```",
     "",
 ]

@@ -20,6 +20,10 @@ that lower is better:
   variant: its median time divided by the group's baseline's (the grey bar,
   1.0), annotated with the ratio and the median itself (`first_call.png`: the
   first call of a training step, one panel per model).
+- `hosts.png`: the two-process suite, one panel per group: each variant's
+  round ratio (the median of each round's time over the baseline's in that
+  round) with its quartiles as whiskers, the target dashed, and a variant
+  that failed named with its error in place of a bar.
 """
 
 from __future__ import annotations
@@ -136,6 +140,48 @@ def plot_suite(suite: str, groups: dict, img: str) -> str | None:
     fig.suptitle(f"{suite}: time relative to each group's baseline (lower is better)")
     fig.tight_layout()
     path = os.path.join(img, f"{suite}.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_hosts(groups: dict, img: str, targets: dict) -> str | None:
+    """The two-process suite (`suites/bench_hosts.py`); `targets`: group name
+    without its size -> (variant, ratio). Returns the file written."""
+    if not groups:
+        return None
+    plt = _pyplot()
+    heights = [len(g["variants"]) for g in groups.values()]
+    fig, axes = plt.subplots(len(groups), 1, figsize=(8, sum(0.42 * h + 1.0 for h in heights) + 0.6),
+                             gridspec_kw={"height_ratios": [h + 2 for h in heights]}, squeeze=False)
+    largest = max([1.0] + [v["round_ratios"][2] for g in groups.values() for v in g["variants"].values()
+                           if v.get("round_ratios")])
+    for ax, (name, g) in zip(axes[:, 0], groups.items()):
+        variants = list(g["variants"].items())
+        for i, (variant, v) in enumerate(variants):
+            if v.get("error"):
+                ax.text(0.02 * largest, i, f"fails: {v['error'][:70]}", va="center", fontsize=FONT - 1)
+                continue
+            lo, med, hi = v["round_ratios"]
+            ax.barh(i, med, color="0.6" if variant == g["baseline"] else "tab:blue", height=0.65,
+                    xerr=[[med - lo], [hi - med]], capsize=3)
+            ax.text(max(hi, 1.0) + 0.02 * largest, i, f"{med:.2f}×  ({fmt_time(v['median_s'])} per step)",
+                    va="center", fontsize=FONT - 1)
+        ax.axvline(1.0, color="black", linewidth=1)
+        target = targets.get(name.rsplit("/", 1)[0])
+        if target:
+            ax.axvline(target[1], color="tab:red", linestyle="--", linewidth=1)
+        ax.set_yticks(range(len(variants)), [f"{v} (baseline)" if v == g["baseline"] else v for v, _ in variants])
+        ax.set_ylim(len(variants) - 0.5, -0.5)  # first on top; a failed row keeps its place
+        ax.set_xlim(0, largest * 1.6)
+        ax.set_title(name.split("/", 1)[-1] + (f" · target {target[0]} ≤ {target[1]:.2f}× (dashed)"
+                                               if target else ""), loc="left", fontsize=FONT)
+        ax.grid(True, axis="x", alpha=0.3)
+    axes[-1, 0].set_xlabel("round time ÷ the baseline's, same round: median, quartiles; "
+                           "lower is better")
+    fig.suptitle("2 processes × 2 devices: time relative to each group's baseline")
+    fig.tight_layout()
+    path = os.path.join(img, "hosts.png")
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
