@@ -24,10 +24,13 @@ LR = 1e-3
 
 
 def stacked(tree, n):
-    """`tree`'s arrays stacked on a leading device axis, laid out over the devices."""
+    """`tree`'s arrays stacked on a leading device axis, laid out over the devices
+    (a `NamedSharding` on every JAX: 0.7's `jax.pmap` gives a `PmapSharding`,
+    which a program compiled for the mesh refuses)."""
     params, static = eqx.partition(tree, eqx.is_array)
     params = jax.tree_util.tree_map(lambda x: np.stack([np.asarray(x)] * n), params)
-    return eqx.combine(jax.block_until_ready(jax.pmap(lambda p: p)(params)), static)
+    split = NamedSharding(Mesh(np.array(jax.devices()[:n]), (AXIS,)), P(AXIS))
+    return eqx.combine(jax.block_until_ready(jax.device_put(params, split)), static)
 
 
 def floor_of(per_leaves, leaves, specs, out_specs, mesh, donate: bool):
