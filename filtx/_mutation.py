@@ -73,9 +73,14 @@ def warn_if_changed(root: Any, passed: tuple, treedef: Any, transform: str, name
     if code is None:
         warnings.warn(message, MutatedArgumentWarning, stacklevel=2)
     else:  # at the user's function: the frames above are JAX's tracing machinery
+        module_globals = getattr(source, "__globals__", None)
+        if module_globals is not None and not (
+            module_globals.get("__loader__") or getattr(module_globals.get("__spec__"), "loader", None)
+        ):
+            module_globals = None  # Python 3.12 refuses globals without a loader (code run by exec)
         warnings.warn_explicit(
             message, MutatedArgumentWarning, code.co_filename, code.co_firstlineno,
-            module=getattr(source, "__module__", None), module_globals=getattr(source, "__globals__", None),
+            module=getattr(source, "__module__", None), module_globals=module_globals,
         )
 
 
