@@ -7,7 +7,7 @@ import math
 from typing import Any, Callable
 
 from ._compare import quiet_donation_warnings
-from ._compare_runs import make_runs
+from ._compare_rows import make_runs
 from ._memory import memory_figures
 
 __all__ = ["DonationBenchmark"]

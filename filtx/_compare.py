@@ -15,7 +15,8 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from ._compare_runs import Run, make_runs
+from ._compare_rows import make_runs
+from ._compare_runs import Run
 from ._comparison import DonationComparison, ModeRow
 from ._donation import UnusableDonationWarning
 from ._memory import memory_figures, outputs_differ
