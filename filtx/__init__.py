@@ -29,7 +29,7 @@ them, never importing each other):
 - `_mapped`: what the mapped transforms share
 - `_donation`: which donated buffers an output reuses; warnings and the strict mode
 - `_donation_report`: `donation_report`
-- `_compare`, `_compare_runs`, `_comparison`, `_memory`: `compare_donation`, its rows and its result
+- `_compare`, `_compare_rows`, `_compare_runs`, `_comparison`, `_memory`: `compare_donation` (its rows, how a row runs, its result, what it reads off arrays and executables)
 - `_mutation`: arguments changed in place inside a function (`MutatedArgumentWarning`)
 - `_errors`: every user-facing message; `_explain`: explained retraces
 - `_eqx_errors`: Equinox's runtime errors raised as `eqx.filter_jit` raises them
