@@ -52,6 +52,9 @@ import sys
 import time
 import types
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import run  # noqa: E402  (run.py beside this file: reading the peers' files)
+
 TIMEOUT = 900
 
 
@@ -100,13 +103,7 @@ and run with --equinox-repo ./equinox --jax-repo ./jax (or EQUINOX_REPO, JAX_REP
 
 def read(repo: str, path: str) -> str:
     """A file at the repository's HEAD (work tree or bare), or in a plain folder."""
-    done = subprocess.run(["git", "-C", repo, "show", f"HEAD:{path}"], capture_output=True, text=True, check=False)
-    if done.returncode == 0:
-        return done.stdout
-    if os.path.isfile(os.path.join(repo, path)):
-        with open(os.path.join(repo, path)) as f:
-            return f.read()
-    sys.exit(f"cannot read {path} from {repo}: {done.stderr.strip()}\n" + HOW_TO_GET)
+    return run.read_file(repo, path, HOW_TO_GET)
 
 
 def cells(text: str, skip: tuple) -> list[str]:

@@ -68,17 +68,21 @@ HOW_TO_GET = """Get Equinox and install it next to filtx, in one virtualenv:
 then run with --equinox-repo ./equinox (or EQUINOX_REPO=./equinox); see tools/README.md."""
 
 
-def notebook(repo: str, name: str) -> str:
-    """The notebook's text at the repository's HEAD (a clone with a work tree or
-    a bare one), or the file itself where `repo` is no git repository."""
-    path = f"docs/examples/{name}.ipynb"
+def read_file(repo: str, path: str, how_to_get: str = HOW_TO_GET) -> str:
+    """A file at the repository's HEAD (a clone with a work tree or a bare one),
+    or the file itself where `repo` is no git repository."""
     done = subprocess.run(["git", "-C", repo, "show", f"HEAD:{path}"], capture_output=True, text=True)
     if done.returncode == 0:
         return done.stdout
     if os.path.isfile(os.path.join(repo, path)):
         with open(os.path.join(repo, path)) as f:
             return f.read()
-    sys.exit(f"cannot read {path} from {repo}: {done.stderr.strip()}\n" + HOW_TO_GET)
+    sys.exit(f"cannot read {path} from {repo}: {done.stderr.strip()}\n" + how_to_get)
+
+
+def notebook(repo: str, name: str) -> str:
+    """The notebook's text (see `read_file`)."""
+    return read_file(repo, f"docs/examples/{name}.ipynb")
 
 
 def notebook_code(repo: str, name: str) -> str:
