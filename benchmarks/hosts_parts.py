@@ -98,8 +98,8 @@ def worker(options) -> None:
 
 PREPARE = [
     ("  prepare (flatten or records, split)", "_boundary.py", "prepare"),
-    ("    deleted arrays refused (_share.any_deleted)", "_share.py", "any_deleted"),
-    ("    donation check (_share.buffer_keys)", "_share.py", "buffer_keys"),
+    ("    deleted arrays refused (_buffers.any_deleted)", "_buffers.py", "any_deleted"),
+    ("    donation check (_buffers.buffer_keys)", "_buffers.py", "buffer_keys"),
 ]
 PARTS = {
     "filter_pmap": [

@@ -13,6 +13,7 @@ them, never importing each other):
 - `_plan`: plans per call signature, canonical plans, callable-spec variants
 - `_boundary`: flatten once, split by plan, key the cache; rebuild the call inside
 - `_share`: sharing patterns, donation of aliased buffers, `unshare`/`reshare`
+- `_buffers`: which device buffers values stand on (the donation check's keys)
 - `_outputs`: the one carrier of non-array and shared outputs
 - `_gather`: picking, repeating and merging leaf positions (the getters the others use)
 - `_out_specs`: output specs, callables resolved by abstract evaluation

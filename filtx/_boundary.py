@@ -15,7 +15,7 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 
-from . import _share
+from . import _buffers, _share
 from ._caches import MAX_ENTRIES_PER_PLAN, MAX_PLANS, insert_bounded, register
 from ._errors import (
     PartialAliasing,
@@ -159,7 +159,7 @@ class Boundary:
                 not (check_buffers or self.share or plan.aliased)
                 and self.runtime_refuses_aliasing
                 and len(set(map(id, dynamic))) == len(dynamic)
-                and _share.single_device_call(plan.donated, dynamic)
+                and _buffers.single_device_call(plan.donated, dynamic)
             ):
                 # One device, no object twice: JAX's runtime refuses distinct array
                 # objects over one buffer before running, and dispatch splits again.
@@ -176,10 +176,10 @@ class Boundary:
         Deleted arrays are refused here: on several devices, XLA's runtime can
         crash on one instead of raising. Leaves taken from the records of one
         call's outputs (`reused`) are known apart without reading their shards."""
-        if _share.any_deleted(dynamic):
+        if _buffers.any_deleted(dynamic):
             raise deleted_array_error(root)
         try:
-            keys = _share.buffer_keys(dynamic, fresh_leaves(reused))
+            keys = _buffers.buffer_keys(dynamic, fresh_leaves(reused))
         except PartialAliasing as e:
             raise partial_aliasing_error(root, plan, e) from None
         if keys is None:  # a tracer among the leaves: traced by another transformation
@@ -259,7 +259,7 @@ class Boundary:
         checked here, the leaves of recorded outputs fed back known apart by id."""
         if plan.aliased or not top_level() or len(set(map(id, dynamic))) != len(dynamic):
             return None
-        if _share.single_device_call(plan.donated, dynamic):
+        if _buffers.single_device_call(plan.donated, dynamic):
             return Split(plan, statics, dynamic, None, root, False)
         found = self.records and slotted(self.records, root[1])
         split = self._donation_split(plan, statics, dynamic, root, found[1] if found else None)

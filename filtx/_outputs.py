@@ -34,7 +34,7 @@ from ._reuse import item_at, reusable_slots
 from ._roles import NUMBER_TYPES, is_array, is_ref
 from ._share import pattern_of
 
-__all__ = ["Carrier", "pack_outputs", "unpack"]
+__all__ = ["Carrier", "flattened", "pack_outputs", "unpack"]
 
 
 class OutputInfo:
@@ -43,6 +43,7 @@ class OutputInfo:
 
     __slots__ = (
         "treedef", "statics", "merge", "expand", "take", "direct", "positions", "slots", "slot_types", "unflatten",
+        "_flat",
     )
 
     def __init__(self, treedef, statics: tuple, merge, expand, take, direct: bool, positions: list):
@@ -56,6 +57,17 @@ class OutputInfo:
         self.expand = expand  # getter restoring shared array positions, or None
         self.take = take  # structured form: getter of the unique arrays' positions
         self.direct = direct  # no statics, no sharing, flat: unflatten the arrays as they are
+        self._flat = None
+
+    def flat_form(self) -> "OutputInfo":
+        """This structured output's info in the flat form: what rebuilds it from the
+        list of its unique arrays (see `flattened`). Made once."""
+        if self._flat is None:
+            self._flat = OutputInfo(
+                self.treedef, self.statics, self.merge, self.expand, None,
+                not self.statics and self.expand is None, self.positions,
+            )
+        return self._flat
 
     def build(self, arrays) -> Any:
         return self.unflatten(self.leaves(arrays))
@@ -118,6 +130,16 @@ jax.tree_util.register_pytree_node(Carrier, lambda c: ((), c.info), lambda info,
 
 def unpack(arrays: Any, carrier: Carrier) -> Any:
     return carrier.info.build(arrays)
+
+
+def flattened(arrays: Any, carrier: Carrier) -> tuple[list, Carrier]:
+    """A structured output (inside a trace, once the mapped axes have been applied)
+    in the flat form: JAX then returns a list and unflattens none of the user's
+    nodes per call, which `build` would only flatten again."""
+    info = carrier.info
+    if info.take is None:
+        return arrays, carrier
+    return list(info.take(info.treedef.flatten_up_to(arrays))), Carrier(info.flat_form())
 
 
 def pack_outputs(

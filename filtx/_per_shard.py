@@ -27,6 +27,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from ._boundary import top_level
+from ._outputs import flattened
 from ._roles import is_ref
 from ._sharding import axis_kinds, entries, place
 
@@ -67,7 +68,7 @@ class PerShard:
             mapped = jax.shard_map(
                 fun, mesh=mesh, in_specs=in_specs, out_specs=out_specs, axis_names=axis_names, check_vma=check_vma
             )
-            return mapped(*xs)
+            return flattened(*mapped(*xs))
 
         self.outer = outer
         self.shardings = (

@@ -84,7 +84,7 @@ class Record(weakref.ref):
     object per record, made at C speed: a call records its outputs every time."""
 
     # `fresh`: its leaves are the outputs of one call, whose buffers no other array
-    # held when they were returned (see `_share.buffer_keys`).
+    # held when they were returned (see `_buffers.buffer_keys`).
     __slots__ = ("key", "treedef", "leaves", "types", "fresh")
 
 

@@ -21,7 +21,7 @@ from ._donation import _hidden, show_jax_warning
 from ._eqx_errors import equinox_runtime_error, without_filtx_frames
 from ._pickling import reduce_wrapper
 from ._roles import is_ref
-from ._share import any_deleted, refused_aliasing
+from ._buffers import any_deleted, refused_aliasing
 from ._sharding import misplaced_error
 from ._signature import signature_key
 

@@ -247,7 +247,7 @@ def pmap_sgd(monkeypatch):
 
 
 def test_outputs_fed_back_to_a_donating_pmap_are_not_walked_shard_by_shard(monkeypatch):
-    import filtx._share as share
+    import filtx._buffers as share
 
     f, p, x = pmap_sgd(monkeypatch)
     walked = []

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import filtx
-from filtx import _donation, _errors, _leaks, _outputs, _share, _varying
+from filtx import _buffers, _donation, _errors, _leaks, _outputs, _share, _varying
 from filtx._boundary import Boundary
 from filtx._out_specs import OutAxes
 from filtx._prefix import broadcast_prefix
@@ -135,22 +135,22 @@ def test_per_leaf_axes_follow_the_subtree_rule():
 
 
 # ---------------------------------------------------------------------------
-# _share and _donation
+# _share, _buffers and _donation
 
 
 def test_buffer_keys_see_distinct_objects_over_one_buffer_and_none_under_a_trace():
     x = jax.device_put(jnp.ones(2), jax.devices()[0])
     alias = jax.device_put(x, jax.devices()[0])
-    keys = _share.buffer_keys([x, alias, jnp.ones(2)])
+    keys = _buffers.buffer_keys([x, alias, jnp.ones(2)])
     assert keys[0] == keys[1] != keys[2]
     found = []
-    jax.jit(lambda t: found.append(_share.buffer_keys([t])) or t)(jnp.ones(2))
+    jax.jit(lambda t: found.append(_buffers.buffer_keys([t])) or t)(jnp.ones(2))
     assert found == [None]
 
 
 def test_refused_aliasing_recognises_jaxs_runtime_refusals_only():
-    assert _share.refused_aliasing(ValueError("INVALID_ARGUMENT: Attempt to donate the same buffer twice in Execute()"))
-    assert not _share.refused_aliasing(ValueError("some other error about donation"))
+    assert _buffers.refused_aliasing(ValueError("INVALID_ARGUMENT: Attempt to donate the same buffer twice in Execute()"))
+    assert not _buffers.refused_aliasing(ValueError("some other error about donation"))
 
 
 def test_reuse_matches_donated_inputs_to_outputs_greedily_by_shape_and_dtype():
