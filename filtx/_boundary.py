@@ -57,12 +57,15 @@ class Split(NamedTuple):
     reused: Any = None  # the records the arguments' leaves were taken from (see _reuse), or None
 
 
+_new_split = tuple.__new__
+
+
 class Entry:
     """What a transform dispatches to for one (static leaves, sharing pattern)."""
 
     __slots__ = (
         "call", "plan", "take", "lower", "trace", "refuse_deleted", "compiled", "_quiet_calls", "placements",
-        "__weakref__",
+        "out_form", "__weakref__",
     )
 
     def __init__(
@@ -78,6 +81,7 @@ class Entry:
         self.trace = trace  # trace(*unique_dynamic), likewise
         self.refuse_deleted = refuse_deleted  # check for deleted arrays before each call
         self.placements = None  # the sharding each unique value is placed at (for the error path), or None
+        self.out_form = None  # an `OutputForm` where calls may return their arrays alone (filter_jit)
 
     def _quietly(self, *dynamic):
         """The first calls of a donating entry, with JAX's unusable-donation warning
@@ -217,8 +221,9 @@ class Boundary:
             dynamic = layout.take(fun, args, self.records.items)
             if dynamic is not None:
                 plan = layout.plan
-                if not plan.any_donated:
-                    return layout.entry, dynamic, Split(plan, layout.statics, dynamic, None, (fun, args, kwargs))
+                if not plan.any_donated:  # tuple.__new__: the NamedTuple's own __new__ is Python
+                    split = (plan, layout.statics, dynamic, None, (fun, args, kwargs), True, None)
+                    return layout.entry, dynamic, _new_split(Split, split)
                 split = self._laid_out(plan, layout.statics, dynamic, (fun, args, kwargs))
                 if split is not None:
                     return layout.entry, dynamic, split
@@ -243,15 +248,20 @@ class Boundary:
             self.last_plan = plan
         return entry, dynamic, split
 
-    def finish(self, out: tuple, reuse: bool, split: Split) -> Any:
-        """The call's outputs built from `out = (arrays, carrier)`; with `reuse`, their
-        immutable objects recorded (see `_reuse`): as fresh where the call donated
-        buffers filtx checked for aliasing (the next call's check needs it)."""
-        info = out[1].info
+    def finish(self, out: Any, reuse: bool, split: Split, form: Any = None) -> Any:
+        """The call's outputs built from `out = (arrays, carrier)` (or the arrays
+        alone, a list, where `form` holds their info: see `_outputs.OutputForm`);
+        with `reuse`, their immutable objects recorded (see `_reuse`): as fresh
+        where the call donated buffers filtx checked for aliasing (the next call's
+        check needs it)."""
+        if type(out) is list:
+            arrays, info = out, form.info
+        else:
+            arrays, info = out[0], out[1].info
         if info.slots and reuse and top_level():
             inputs = split.dynamic if split.checked and split.plan.any_donated else None
-            return info.build_recording(out[0], self.records, inputs)
-        return info.build(out[0])
+            return info.build_recording(arrays, self.records, inputs)
+        return info.build(arrays)
 
     def _laid_out(self, plan: Plan, statics: tuple, dynamic: list, root: tuple) -> Split | None:
         """The split of a donating call its layout laid out, or None where donation
@@ -288,14 +298,15 @@ def unique_paths(root: Any, plan: Plan, pattern: tuple | None) -> list[str]:
 
 def flat_function(
     split: Split, body: Callable, name: str, transform: str, source: Callable | None = None,
-    donation: tuple | None = None,
+    donation: tuple | None = None, form: Any = None,
 ) -> Callable:
     """`flat(*unique_dynamic) -> body(fun, args, kwargs, dynamic)`: the call rebuilt
     inside the trace, warning of arguments the function changed in place. It keeps
     the split's plan, static leaves and pattern, never its arguments.
 
     `donation=(mode, donated)` (one flag per unique value) checks, once per
-    trace, which donated buffers an output can reuse (see `_donation`)."""
+    trace, which donated buffers an output can reuse (see `_donation`); with
+    `form` (an `OutputForm`), the output is as `form.pack` returns it."""
     plan, statics, pattern = split.plan, split.statics, split.pattern
     del split
     expand = None if pattern is None else getter(pattern)
@@ -322,7 +333,7 @@ def flat_function(
                 mode, [jax.typeof(x) for x in unique], donated, out_avals_of(out[0]),
                 lambda: unique_paths(root, plan, pattern), out[1],
             )
-        return out
+        return out if form is None else form.pack(out)
 
     flat.__name__ = name.rsplit(".", 1)[-1]
     flat.__qualname__ = name

@@ -11,6 +11,7 @@ import jax
 from ._donation import describe_aval, donations_beside_refs, hidden_depth, reuse, show_jax_warning
 from ._errors import call_leaf_paths, keystr
 from ._gather import first_positions
+from ._outputs import parts
 from ._roles import donate, static
 from ._share import unique_donation
 
@@ -136,7 +137,7 @@ def donation_report(wrapped: Any, /, *args, **kwargs) -> DonationReport:
     plan, pattern, root = split.plan, split.pattern, split.root
     depth = hidden_depth()
     try:
-        arrays, carrier = jax.eval_shape(entry.compiled, *dynamic)
+        arrays, info = parts(jax.eval_shape(entry.compiled, *dynamic), entry.out_form)
     finally:
         show_jax_warning(depth)
     out_avals = jax.tree_util.tree_leaves(arrays)
@@ -146,7 +147,7 @@ def donation_report(wrapped: Any, /, *args, **kwargs) -> DonationReport:
     beside_refs = set(argnums) - set(donations_beside_refs(dynamic, out_avals, argnums))
     donated = [d and i not in beside_refs for i, d in enumerate(donated)]  # kept, as the call keeps them
     found = reuse(in_avals, donated, out_avals)
-    out_paths = _output_paths(carrier.info)
+    out_paths = _output_paths(info)
     rows = _rows(root, plan, pattern, in_avals, donated, found, out_paths, beside_refs)
     return DonationReport(wrapped.name, tuple(rows))
 

@@ -29,6 +29,7 @@ import jax.export  # a submodule JAX 0.7 does not import with `jax`
 from jax.tree_util import keystr
 
 from ._errors import call_leaf_paths, dynamic_paths
+from ._outputs import info_of_tree
 
 __all__ = ["call_exported", "exported_lowering", "ExportedCall"]
 
@@ -73,7 +74,7 @@ class _Lowered:
         return getattr(self._lowered, name)
 
 
-def exported_lowering(lowered: Any, split: Any, name: str, positional: list) -> _Lowered:
+def exported_lowering(lowered: Any, split: Any, name: str, positional: list, form: Any = None) -> _Lowered:
     """`traced.lower(...)` as `jax.export` asks for it: the call's description
     (raising, by path, where a part of it cannot be exported) over JAX's lowering."""
     if split.pattern is not None:
@@ -101,7 +102,7 @@ def exported_lowering(lowered: Any, split: Any, name: str, positional: list) -> 
     inputs = [
         [p, "d", next(index)] if d else [p, "s", _fingerprint(x)] for p, x, d in zip(paths, leaves, dynamic_mask)
     ]
-    info = lowered.out_tree.children()[1].node_data()[1]
+    info = info_of_tree(lowered.out_tree, form)
     out = _Outputs((args, kwargs), leaves, dynamic_mask, name).describe(info)
     description = json.dumps(
         {"filtx": _FORMAT, "name": name, "positional": positional, "in": inputs, "out": out}

@@ -13,7 +13,7 @@ from ._reuse import _enabled as reuse_switch
 from ._gather import first_positions
 from ._out_specs import OutAxes
 from ._lowering import AheadOfTime, lowering
-from ._outputs import pack_outputs, unpack
+from ._outputs import OutputForm, pack_outputs, parts
 from ._donation import donations_beside_refs
 from ._resolve import LeafResolver
 from ._roles import is_array, is_ref, parse_mode
@@ -67,7 +67,7 @@ class _JitWrapper(AheadOfTime, Wrapper):
         except RuntimeError as e:  # free on success (zero-cost try)
             without_filtx_frames(e)
             raise
-        return self._boundary.finish(out, reuse, split)
+        return self._boundary.finish(out, reuse, split, entry.out_form)
 
     def _build(self, split: Split) -> Entry:
         plan, pattern = split.plan, split.pattern
@@ -83,7 +83,8 @@ class _JitWrapper(AheadOfTime, Wrapper):
         donate_argnums = tuple(i for i, d in enumerate(donated) if d)
         donation = (self._mode, list(donated)) if donate_argnums else None
         placing = {} if plan.axes is None else {"in_shardings": self._in_shardings(split)}
-        flat = flat_function(split, body, self.name, self.transform, self.source, donation)
+        form = OutputForm()  # the compiled calls return their arrays alone
+        flat = flat_function(split, body, self.name, self.transform, self.source, donation, form)
 
         def make(argnums: tuple) -> Callable:
             return jax.jit(flat, donate_argnums=argnums, **placing, **self._jitkwargs)
@@ -94,6 +95,7 @@ class _JitWrapper(AheadOfTime, Wrapper):
             donates=bool(donate_argnums), trace=lowering(under_mesh(lambda *d: jitted.trace(*d), mesh)),
         )
         entry.placements = placing.get("in_shardings")
+        entry.out_form = form
         if donate_argnums and any(map(is_ref, split.dynamic)):
             _beside_refs(entry, jitted, make, donate_argnums, mesh)
         return entry
@@ -107,8 +109,9 @@ class _JitWrapper(AheadOfTime, Wrapper):
         leaves = split.dynamic if split.pattern is None else [split.dynamic[i] for i in first_positions(split.pattern)]
         return tuple(placed(v, self._mesh, p, x) for v, p, x in zip(values, paths, leaves))
 
-    def _finish(self, out) -> Any:
-        return unpack(*out)
+    def _finish(self, out, entry: Entry) -> Any:
+        arrays, info = parts(out, entry.out_form)
+        return info.build(arrays)
 
 
 def _beside_refs(entry: Entry, jitted: Callable, make: Callable, donate_argnums: tuple, mesh: Any) -> None:

@@ -12,6 +12,7 @@ import jax
 from ._donation import hidden_depth, hide_jax_warning, show_jax_warning
 from ._eqx_errors import without_filtx_frames
 from ._export import exported_lowering
+from ._outputs import parts
 from ._wrapper import dispatch
 
 __all__ = ["Traced", "Lowered", "Compiled", "AheadOfTime", "lowering"]
@@ -123,10 +124,10 @@ class AheadOfTime:
         entry, dynamic, _ = self._entry(args, kwargs)
         depth = hidden_depth()
         try:
-            arrays, carrier = jax.eval_shape(entry.compiled, *dynamic)
+            arrays, info = parts(jax.eval_shape(entry.compiled, *dynamic), entry.out_form)
         finally:
             show_jax_warning(depth)
-        return carrier.info.build(arrays)
+        return info.build(arrays)
 
     def clear_cache(self) -> None:
         """Forget this function's compiled entries (every wrapper equal to this one
@@ -194,7 +195,8 @@ class Traced:
             show_jax_warning(depth)
         if getattr(kwargs.get("_private_parameters"), "for_export", False):
             specs = self._wrapper._boundary.resolver.specs
-            return exported_lowering(lowered, self._split, self._wrapper.name, list(getattr(specs, "positional", ())))
+            positional = list(getattr(specs, "positional", ()))
+            return exported_lowering(lowered, self._split, self._wrapper.name, positional, self._entry.out_form)
         return Lowered(lowered, self._wrapper, self._entry)
 
 
@@ -251,4 +253,4 @@ class Compiled:
         except RuntimeError as e:
             without_filtx_frames(e)
             raise
-        return wrapper._finish(out)
+        return wrapper._finish(out, entry)

@@ -16,6 +16,7 @@ returns `(arrays, carrier)`:
 from __future__ import annotations
 
 import operator
+import threading
 from typing import Any, Callable
 
 import jax
@@ -34,7 +35,7 @@ from ._reuse import item_at, reusable_slots
 from ._roles import NUMBER_TYPES, is_array, is_ref
 from ._share import pattern_of
 
-__all__ = ["Carrier", "flattened", "pack_outputs", "unpack"]
+__all__ = ["Carrier", "OutputForm", "flattened", "pack_outputs", "parts", "unpack"]
 
 
 class OutputInfo:
@@ -43,7 +44,7 @@ class OutputInfo:
 
     __slots__ = (
         "treedef", "statics", "merge", "expand", "take", "direct", "positions", "slots", "slot_types", "unflatten",
-        "_flat",
+        "_flat", "build", "carrier",
     )
 
     def __init__(self, treedef, statics: tuple, merge, expand, take, direct: bool, positions: list):
@@ -58,6 +59,10 @@ class OutputInfo:
         self.take = take  # structured form: getter of the unique arrays' positions
         self.direct = direct  # no statics, no sharing, flat: unflatten the arrays as they are
         self._flat = None
+        self.carrier = None  # the one Carrier of this info
+        # build(arrays) -> the output; a bare array returned as it came
+        bare = direct and treedef.num_nodes == 1 and treedef.num_leaves == 1
+        self.build = operator.itemgetter(0) if bare else self._build
 
     def flat_form(self) -> "OutputInfo":
         """This structured output's info in the flat form: what rebuilds it from the
@@ -69,7 +74,7 @@ class OutputInfo:
             )
         return self._flat
 
-    def build(self, arrays) -> Any:
+    def _build(self, arrays) -> Any:
         return self.unflatten(self.leaves(arrays))
 
     def _first_build(self, leaves) -> Any:
@@ -121,11 +126,70 @@ class Carrier:
 
     __slots__ = ("info",)
 
-    def __init__(self, info: OutputInfo):
-        self.info = info
+    def __new__(cls, info: Any):  # one per output info: JAX's unflatten of it makes nothing
+        carrier = info.carrier if type(info) is OutputInfo else None
+        if carrier is None:
+            carrier = object.__new__(cls)
+            carrier.info = info
+            if type(info) is OutputInfo:
+                info.carrier = carrier
+        return carrier
 
 
-jax.tree_util.register_pytree_node(Carrier, lambda c: ((), c.info), lambda info, _: Carrier(info))
+def _carrier_of(info: Any, _children) -> Carrier:
+    return info.carrier if type(info) is OutputInfo else Carrier(info)
+
+
+jax.tree_util.register_pytree_node(Carrier, lambda c: ((), c.info), _carrier_of)
+
+
+class OutputForm:
+    """How one `filter_jit` entry's compiled calls return their outputs. The
+    first trace's info is kept here, and that trace returns its arrays alone, a
+    list: JAX then rebuilds no carrier per call (a Python call of its own). A
+    later trace of the entry (another input shape) whose info is the same does
+    too; one whose info differs returns `(arrays, carrier)`, which callers tell
+    apart by type (`parts`)."""
+
+    __slots__ = ("info", "_lock")
+
+    def __init__(self):
+        self.info: OutputInfo | None = None
+        self._lock = threading.Lock()
+
+    def pack(self, out: tuple) -> Any:
+        """`(arrays, carrier)` of a flat-form trace, as the compiled call returns it."""
+        arrays, carrier = out
+        with self._lock:
+            if self.info is None:
+                self.info = carrier.info
+        return arrays if _same_info(self.info, carrier.info) else out
+
+
+def _same_info(a: OutputInfo, b: OutputInfo) -> bool:
+    """Whether two traces' outputs are rebuilt alike: the same tree, the very same
+    non-array outputs, no sharing."""
+    if a is b:
+        return True
+    return (
+        a.treedef == b.treedef and a.positions == b.positions and a.expand is None and b.expand is None
+        and a.take is None and b.take is None and len(a.statics) == len(b.statics)
+        and all(map(operator.is_, a.statics, b.statics))
+    )
+
+
+def parts(out: Any, form: OutputForm | None) -> tuple[Any, OutputInfo]:
+    """`(arrays, info)` of what a compiled call returned (see `OutputForm`)."""
+    if type(out) is list:
+        return out, form.info
+    return out[0], out[1].info
+
+
+def info_of_tree(out_tree: Any, form: OutputForm | None) -> OutputInfo:
+    """The output info of a lowered call, from its output tree."""
+    if out_tree.node_data()[0] is list:
+        return form.info
+    return out_tree.children()[1].node_data()[1]
 
 
 def unpack(arrays: Any, carrier: Carrier) -> Any:

@@ -87,7 +87,7 @@ class _PmapWrapper(AheadOfTime, Wrapper):
             raise call_error(e, (ValueError, IndexError, TypeError), lambda: self._size_error(split, dynamic))
         return self._boundary.finish(out, reuse, split)
 
-    def _finish(self, out) -> Any:
+    def _finish(self, out, entry: Entry) -> Any:
         return unpack(*out)
 
     def _build(self, split: Split) -> Entry:

@@ -126,7 +126,7 @@ class _ShardMapWrapper(AheadOfTime, Wrapper):
         entry.trace = lowering(lambda *xs: self._run(entry).trace(*traced_numbers_as_arrays(list(xs))))
         return entry
 
-    def _finish(self, out) -> Any:
+    def _finish(self, out, entry: Entry) -> Any:
         return unpack(*out)
 
     def _run(self, entry) -> PerShard:

@@ -376,6 +376,34 @@ def test_steps_returning_non_array_leaves_keep_jax_fast_dispatch():
     assert slow_calls == []
 
 
+def test_compiled_calls_return_their_arrays_alone_and_a_later_trace_with_other_statics_its_own():
+    """An entry's compiled calls return a bare list of arrays (no carrier for JAX
+    to rebuild per call) where the entry's first trace says how to rebuild them;
+    a later trace (another shape) with other non-array outputs returns its own."""
+    f = filtx.filter_jit(lambda x: {"y": x + 1, "n": int(x.shape[0]), "tag": "sum"})
+    entry_outputs = []
+    for n in (3, 4, 3, 4, 5, 3):
+        out = f(jnp.ones(n))
+        assert out["n"] == n and out["tag"] == "sum" and out["y"].shape == (n,)
+        entry_outputs.append(type(f._boundary.prepare(f._fun, (jnp.ones(n),), {}, f._build)[0].compiled(jnp.ones(n))))
+    assert entry_outputs[0] is list and tuple in entry_outputs  # the first shape's form; the others carry theirs
+    assert f.eval_shape(jnp.ones(4))["n"] == 4 and f.lower(jnp.ones(5)).compile()(jnp.ones(5))["n"] == 5
+
+    g = filtx.filter_jit(lambda x: (x * 2, "same"))
+    for n in (2, 3, 2):
+        y, tag = g(jnp.ones(n))
+        assert tag == "same" and y.shape == (n,)
+        assert type(g._boundary.prepare(g._fun, (jnp.ones(n),), {}, g._build)[0].compiled(jnp.ones(n))) is list
+
+
+def test_an_entry_first_traced_ahead_of_time_rebuilds_the_outputs_of_later_calls():
+    f = filtx.filter_jit(lambda x: (x + 1, x.shape))
+    assert f.eval_shape(jnp.ones(2))[1] == (2,)
+    compiled = f.lower(jnp.ones(3)).compile()
+    assert compiled(jnp.ones(3))[1] == (3,) and f(jnp.ones(2))[1] == (2,) and f(jnp.ones(3))[1] == (3,)
+    assert jax.jit(lambda x: f(x)[0])(jnp.ones(4)).shape == (4,)
+
+
 def test_donated_sharded_array_used_again_is_refused_by_path():
     """XLA crashes the process on a deleted buffer spread over several devices:
     filtx must refuse it first."""
