@@ -64,13 +64,13 @@ class Entry:
     """What a transform dispatches to for one (static leaves, sharing pattern)."""
 
     __slots__ = (
-        "call", "plan", "take", "lower", "trace", "refuse_deleted", "compiled", "_quiet_calls", "placements",
+        "call", "plan", "take", "lower", "trace", "compiled", "_quiet_calls", "placements",
         "out_form", "__weakref__",
     )
 
     def __init__(
         self, call: Callable, plan: Plan, pattern: tuple | None, lower: Callable | None = None,
-        refuse_deleted: bool = False, donates: bool = False, trace: Callable | None = None,
+        donates: bool = False, trace: Callable | None = None,
     ):
         self.call = call if not donates else self._quietly  # call(*unique_dynamic)
         self.compiled = call
@@ -79,7 +79,6 @@ class Entry:
         self.take = None if pattern is None else getter(first_positions(pattern))
         self.lower = lower  # lower(*unique_dynamic), for ahead-of-time compilation
         self.trace = trace  # trace(*unique_dynamic), likewise
-        self.refuse_deleted = refuse_deleted  # check for deleted arrays before each call
         self.placements = None  # the sharding each unique value is placed at (for the error path), or None
         self.out_form = None  # an `OutputForm` where calls may return their arrays alone (filter_jit)
 

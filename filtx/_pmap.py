@@ -84,7 +84,7 @@ class _PmapWrapper(AheadOfTime, Wrapper):
         try:
             out = dispatch(entry.call, dynamic, split, entry)
         except Exception as e:
-            raise call_error(e, (ValueError, IndexError, TypeError), lambda: self._size_error(split, dynamic))
+            raise call_error(e, (ValueError, IndexError, TypeError), lambda _: self._size_error(split, dynamic))
         return self._boundary.finish(out, reuse, split)
 
     def _finish(self, out, entry: Entry) -> Any:
@@ -105,7 +105,7 @@ class _PmapWrapper(AheadOfTime, Wrapper):
         flat = flat_function(split, body, self.name, self.transform, self.source, donation)
         runner = _Runner(self, flat, plan.unique_placements(pattern), donated)
         return Entry(
-            runner.call, plan, pattern, lower=lowering(runner.lower), refuse_deleted=True,
+            runner.call, plan, pattern, lower=lowering(runner.lower),
             donates=donation is not None, trace=lowering(runner.trace),
         )
 

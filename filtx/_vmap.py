@@ -79,7 +79,8 @@ class _VmapWrapper(Wrapper):
                 return self._resolved_in_trace(entry, dynamic)
             return unpack(*dispatch(self._vmap(flat, axes, (out_axes, None)), dynamic, split, entry))
         except Exception as e:
-            raise call_error(e, ValueError, lambda: self._explain_failure(e, split, entry, dynamic, out_axes))
+            explain = lambda error: self._explain_failure(error, split, entry, dynamic, out_axes)  # noqa: E731
+            raise call_error(e, ValueError, explain)
 
     def _build(self, split: Split) -> Entry:
         plan = split.plan

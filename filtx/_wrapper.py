@@ -21,7 +21,7 @@ from ._donation import _hidden, show_jax_warning
 from ._eqx_errors import equinox_runtime_error, without_filtx_frames
 from ._pickling import reduce_wrapper
 from ._roles import is_ref
-from ._buffers import any_deleted, refused_aliasing
+from ._buffers import refused_aliasing
 from ._sharding import misplaced_error
 from ._signature import signature_key
 
@@ -258,14 +258,13 @@ def dispatch(call: Callable, dynamic: list, split: Split, entry: Entry, recheck:
     """Call a compiled entry; on failure, name the user's paths where JAX names
     filtx's flat arguments, and name arrays used after donation.
 
-    Entries that ask for it (`entry.refuse_deleted`) refuse deleted arrays
-    before dispatch: XLA's runtime can crash on a deleted buffer spread over
-    several devices instead of raising. A call whose donated buffers were left
-    for JAX to check (`split.checked` false: one device) and that JAX refused
-    for aliasing (before running anything) is split again by buffer, through
+    A deleted array is named by path where JAX refuses it. (A donating call
+    over several devices refused its deleted arrays before: see
+    `Boundary._donation_split`. Others JAX refuses cleanly, on JAX 0.7 to 0.12.)
+    A call whose donated buffers were left for JAX to check (`split.checked`
+    false: one device) and that JAX refused for aliasing (before running
+    anything) is split again by buffer, through
     `recheck(fun, args, kwargs) -> (entry, dynamic, split)`, and called again."""
-    if entry.refuse_deleted and any_deleted(dynamic):
-        raise deleted_array_error(split.root)
     depth = _hidden.depth
     try:
         return call(*dynamic)
@@ -297,14 +296,16 @@ def dispatch(call: Callable, dynamic: list, split: Split, entry: Entry, recheck:
             show_jax_warning(depth)
 
 
-def call_error(error: Exception, kinds: Any = (), explain: Callable[[], Exception | None] | None = None) -> Exception:
+def call_error(
+    error: Exception, kinds: Any = (), explain: Callable[[Exception], Exception | None] | None = None,
+) -> Exception:
     """What a transform's call raises for `error`, raised by its dispatch: where
-    `error` is one of `kinds`, `explain()`'s clearer error (caused by `error`)
+    `error` is one of `kinds`, `explain(error)`'s clearer error (caused by `error`)
     if it gives one; else `error` itself, an Equinox error filtx made without
     filtx's frames. The caller raises it (`raise call_error(e, ...)`), so that
     the traceback starts at the user's line."""
     if explain is not None and isinstance(error, kinds):
-        better = explain()
+        better = explain(error)
         if better is not None:
             better.__cause__ = error
             better.__suppress_context__ = True

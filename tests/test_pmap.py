@@ -171,6 +171,17 @@ def test_use_after_donation_names_the_path_instead_of_crashing():
         p(model)
 
 
+def test_a_deleted_array_given_to_a_collective_step_that_keeps_it_is_named_by_path():
+    """No check before the call (it cost a dispatch-bound call 10 %): JAX refuses
+    the deleted shard cleanly, and filtx names it."""
+    p = filtx.filter_pmap(lambda m: jax.tree.map(lambda a: jax.lax.psum(a, "i") * 2, m), axis_name="i")
+    model = p({"w": jnp.ones((N, 3)), "b": jnp.ones((N,))})
+    model["b"].delete()
+    with pytest.raises(RuntimeError, match=r"args\[0\]\['b'\].*deleted"):
+        p(model)
+    assert float(p({"w": model["w"], "b": jnp.ones((N,))})["w"][0, 0]) == (2.0 * N) * N * 2
+
+
 def test_callable_out_axes_with_fewer_devices_than_available_sees_the_right_axis_size():
     seen = []
 
