@@ -244,3 +244,41 @@ def test_jax_errors_about_out_specs_name_the_users_out_specs():
     # JAX writes the spec as P() (0.10) or PartitionSpec() (0.7)
     assert re.search(r"out_specs is (P|PartitionSpec)\(\) which implies", str(caught.value))
     assert "out_specs[0]" not in str(caught.value)
+
+
+class _Pair:
+    """A custom pytree node that counts its unflattens."""
+
+    built = 0
+
+    def __init__(self, a, b):
+        self.a, self.b = a, b
+
+
+def _unflatten_pair(_, children):
+    _Pair.built += 1
+    return _Pair(*children)
+
+
+jax.tree_util.register_pytree_node(_Pair, lambda p: ((p.a, p.b), None), _unflatten_pair)
+
+
+@pytest.mark.parametrize("transform", ["filter_shard_map", "filter_pmap"])
+def test_a_warm_call_builds_the_users_nodes_once(transform):
+    """The jitted shard_map returns the outputs as a flat list: JAX unflattens none of
+    the user's nodes per call for filtx to flatten again and build (was twice)."""
+    if transform == "filter_pmap":
+        f = filtx.filter_pmap(lambda p: _Pair(p.a + 1, p.b * 2))
+        pair = _Pair(jnp.zeros((N, 2)), jnp.ones((N,)))
+    else:
+        mesh = make_mesh("explicit")
+        f = filtx.filter_shard_map(lambda p: _Pair(p.a + 1, p.b * 2), mesh=mesh, in_specs=P("data"), out_specs=P("data"))
+        pair = _Pair(jnp.zeros((N, 2)), jnp.ones((N,)))
+    for _ in range(3):
+        pair = f(pair)
+    _Pair.built = 0
+    for _ in range(4):
+        pair = f(pair)
+    assert _Pair.built == 4
+    np.testing.assert_allclose(np.asarray(pair.a), 7.0)
+    np.testing.assert_allclose(np.asarray(pair.b), 2.0 ** 7)
