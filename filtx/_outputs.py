@@ -10,7 +10,10 @@ returns `(arrays, carrier)`:
 - the *structured* form (mapped transforms): `arrays` is the output tree with
   `None` wherever no array goes to JAX, so a user's `out_axes` prefix applies.
 
-`unpack(arrays, carrier)` rebuilds the user's tree once, after the call.
+`unpack(arrays, carrier)` rebuilds the user's tree once, after the call. A
+jitted `shard_map` returns its structured output in the flat form
+(`flattened`), and a `filter_jit` entry's compiled calls return their arrays
+alone where the entry's first trace holds their info (`OutputForm`, `parts`).
 """
 
 from __future__ import annotations
