@@ -30,6 +30,7 @@ from ._explain import CallSignature, explain_new_avals, explain_new_entry, expla
 from ._gather import first_positions, getter
 from ._layout import Layout, make as make_layout
 from ._mutation import warn_if_changed
+from ._outputs import parts
 from ._plan import Plan, canonical_plan, static_types_of
 from ._resolve import LeafResolver
 from ._reuse import Records, fresh_leaves, passed_candidates, slotted, spliced_leaves
@@ -57,7 +58,7 @@ class Split(NamedTuple):
     reused: Any = None  # the records the arguments' leaves were taken from (see _reuse), or None
 
 
-_new_split = tuple.__new__
+_new_split = tuple.__new__  # `Split`s made per call: the NamedTuple's own __new__ is Python
 
 
 class Entry:
@@ -220,7 +221,7 @@ class Boundary:
             dynamic = layout.take(fun, args, self.records.items)
             if dynamic is not None:
                 plan = layout.plan
-                if not plan.any_donated:  # tuple.__new__: the NamedTuple's own __new__ is Python
+                if not plan.any_donated:
                     split = (plan, layout.statics, dynamic, None, (fun, args, kwargs), True, None)
                     return layout.entry, dynamic, _new_split(Split, split)
                 split = self._laid_out(plan, layout.statics, dynamic, (fun, args, kwargs))
@@ -253,10 +254,7 @@ class Boundary:
         with `reuse`, their immutable objects recorded (see `_reuse`): as fresh
         where the call donated buffers filtx checked for aliasing (the next call's
         check needs it)."""
-        if type(out) is list:
-            arrays, info = out, form.info
-        else:
-            arrays, info = out[0], out[1].info
+        arrays, info = parts(out, form)
         if info.slots and reuse and top_level():
             inputs = split.dynamic if split.checked and split.plan.any_donated else None
             return info.build_recording(arrays, self.records, inputs)
@@ -269,7 +267,7 @@ class Boundary:
         if plan.aliased or not top_level() or len(set(map(id, dynamic))) != len(dynamic):
             return None
         if _buffers.single_device_call(plan.donated, dynamic):
-            return Split(plan, statics, dynamic, None, root, False)
+            return _new_split(Split, (plan, statics, dynamic, None, root, False, None))
         found = self.records and slotted(self.records, root[1])
         split = self._donation_split(plan, statics, dynamic, root, found[1] if found else None)
         return split if split.pattern is None and split.plan is plan else None

@@ -13,7 +13,7 @@ from ._reuse import _enabled as reuse_switch
 from ._gather import first_positions
 from ._out_specs import OutAxes
 from ._lowering import AheadOfTime, lowering
-from ._outputs import OutputForm, pack_outputs, parts
+from ._outputs import OutputForm, pack_outputs
 from ._donation import donations_beside_refs
 from ._resolve import LeafResolver
 from ._roles import is_array, is_ref, parse_mode
@@ -108,10 +108,6 @@ class _JitWrapper(AheadOfTime, Wrapper):
         paths = unique_paths(split.root, split.plan, split.pattern)
         leaves = split.dynamic if split.pattern is None else [split.dynamic[i] for i in first_positions(split.pattern)]
         return tuple(placed(v, self._mesh, p, x) for v, p, x in zip(values, paths, leaves))
-
-    def _finish(self, out, entry: Entry) -> Any:
-        arrays, info = parts(out, entry.out_form)
-        return info.build(arrays)
 
 
 def _beside_refs(entry: Entry, jitted: Callable, make: Callable, donate_argnums: tuple, mesh: Any) -> None:

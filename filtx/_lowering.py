@@ -253,4 +253,4 @@ class Compiled:
         except RuntimeError as e:
             without_filtx_frames(e)
             raise
-        return wrapper._finish(out, entry)
+        return wrapper._boundary.finish(out, False, split, entry.out_form)

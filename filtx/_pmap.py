@@ -87,9 +87,6 @@ class _PmapWrapper(AheadOfTime, Wrapper):
             raise call_error(e, (ValueError, IndexError, TypeError), lambda _: self._size_error(split, dynamic))
         return self._boundary.finish(out, reuse, split)
 
-    def _finish(self, out, entry: Entry) -> Any:
-        return unpack(*out)
-
     def _build(self, split: Split) -> Entry:
         plan, pattern = split.plan, split.pattern
         if any(map(is_ref, split.dynamic)):

@@ -126,9 +126,6 @@ class _ShardMapWrapper(AheadOfTime, Wrapper):
         entry.trace = lowering(lambda *xs: self._run(entry).trace(*traced_numbers_as_arrays(list(xs))))
         return entry
 
-    def _finish(self, out, entry: Entry) -> Any:
-        return unpack(*out)
-
     def _run(self, entry) -> PerShard:
         """The entry's jitted shard_map on this call's mesh."""
         mesh = self._mesh or ambient_concrete_mesh() or ambient_mesh()
