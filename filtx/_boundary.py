@@ -24,7 +24,8 @@ from ._errors import (
     partial_aliasing_error,
     unhashable_static_error,
 )
-from ._donation import check_donations, hide_jax_warning, out_avals_of
+from ._donation import check_donations, out_avals_of
+from ._entry import Entry
 from ._eqx_errors import MARKER, note_trace
 from ._explain import CallSignature, explain_new_avals, explain_new_entry, explaining
 from ._gather import first_positions, getter
@@ -35,9 +36,8 @@ from ._plan import Plan, canonical_plan, static_types_of
 from ._resolve import LeafResolver
 from ._reuse import Records, fresh_leaves, passed_candidates, slotted, spliced_leaves
 
-__all__ = ["Boundary", "Entry", "Split", "flat_function", "unique_paths"]
+__all__ = ["Boundary", "Split", "flat_function", "unique_paths"]
 
-QUIET_CALLS = 3  # a donating entry's first calls, where JAX may compile again (see Entry)
 
 try:
     from jax._src.core import trace_state_clean as top_level
@@ -59,40 +59,6 @@ class Split(NamedTuple):
 
 
 _new_split = tuple.__new__  # `Split`s made per call: the NamedTuple's own __new__ is Python
-
-
-class Entry:
-    """What a transform dispatches to for one (static leaves, sharing pattern)."""
-
-    __slots__ = (
-        "call", "plan", "take", "lower", "trace", "compiled", "_quiet_calls", "placements",
-        "out_form", "__weakref__",
-    )
-
-    def __init__(
-        self, call: Callable, plan: Plan, pattern: tuple | None, lower: Callable | None = None,
-        donates: bool = False, trace: Callable | None = None,
-    ):
-        self.call = call if not donates else self._quietly  # call(*unique_dynamic)
-        self.compiled = call
-        self._quiet_calls = QUIET_CALLS
-        self.plan = plan
-        self.take = None if pattern is None else getter(first_positions(pattern))
-        self.lower = lower  # lower(*unique_dynamic), for ahead-of-time compilation
-        self.trace = trace  # trace(*unique_dynamic), likewise
-        self.placements = None  # the sharding each unique value is placed at (for the error path), or None
-        self.out_form = None  # an `OutputForm` where calls may return their arrays alone (filter_jit)
-
-    def _quietly(self, *dynamic):
-        """The first calls of a donating entry, with JAX's unusable-donation warning
-        hidden (until `dispatch` ends): JAX may compile again there with filtx's
-        trace cached (a donation report traced it first; new input shardings), and
-        filtx warned, by path, when it traced. Then the compiled call itself."""
-        self._quiet_calls -= 1
-        if self._quiet_calls <= 0:
-            self.call = self.compiled
-        hide_jax_warning()
-        return self.compiled(*dynamic)
 
 
 class Boundary:
@@ -262,9 +228,12 @@ class Boundary:
 
     def _laid_out(self, plan: Plan, statics: tuple, dynamic: list, root: tuple) -> Split | None:
         """The split of a donating call its layout laid out, or None where donation
-        needs the full path (another trace, aliased buffers). Sharded buffers are
-        checked here, the leaves of recorded outputs fed back known apart by id."""
-        if plan.aliased or not top_level() or len(set(map(id, dynamic))) != len(dynamic):
+        needs the full path (another trace, aliased buffers). On one device nothing
+        is read: JAX's runtime refuses a buffer donated twice, or donated and passed
+        again (one object at two places included), before running, and dispatch
+        splits again. Sharded buffers are checked here, the leaves of recorded
+        outputs fed back known apart by id (one object twice: the same key)."""
+        if plan.aliased or not top_level():
             return None
         if _buffers.single_device_call(plan.donated, dynamic):
             return _new_split(Split, (plan, statics, dynamic, None, root, False, None))

@@ -8,7 +8,8 @@ from typing import Any, Literal, ParamSpec, TypeVar, overload
 
 import jax
 
-from ._boundary import Boundary, Entry, Split, flat_function, unique_paths
+from ._boundary import Boundary, Split, flat_function, unique_paths
+from ._entry import Entry
 from ._reuse import _enabled as reuse_switch
 from ._gather import first_positions
 from ._out_specs import OutAxes
@@ -22,7 +23,7 @@ from ._errors import SpecError, output_path
 from ._sharding import OUT_SHARDINGS, SHARDINGS, check_mesh, place, placed, under_mesh
 from ._share import unique_donation
 from ._typing import Jitted
-from ._wrapper import Wrapper, check_options, dispatch, freeze, fun_donates, made_by
+from ._wrapper import Wrapper, check_options, freeze, fun_donates, made_by, recover
 
 __all__ = ["filter_jit"]
 
@@ -61,13 +62,17 @@ class _JitWrapper(AheadOfTime, Wrapper):
 
     def __call__(self, /, *args, **kwargs):
         reuse = self._reuse and reuse_switch[0]
-        entry, dynamic, split = self._boundary.prepare(self._fun, args, kwargs, self._build, False, reuse)
-        try:
-            out = dispatch(entry.call, dynamic, split, entry, self._recheck)
-        except RuntimeError as e:  # free on success (zero-cost try)
-            without_filtx_frames(e)
-            raise
-        return self._boundary.finish(out, reuse, split, entry.out_form)
+        boundary = self._boundary
+        entry, dynamic, split = boundary.prepare(self._fun, args, kwargs, self._build, False, reuse)
+        try:  # free on success (zero-cost try)
+            out = entry.call(*dynamic)
+        except Exception as e:
+            try:
+                out = recover(e, dynamic, split, entry, self._recheck)
+            except RuntimeError as error:
+                without_filtx_frames(error)
+                raise
+        return boundary.finish(out, reuse, split, entry.out_form)
 
     def _build(self, split: Split) -> Entry:
         plan, pattern = split.plan, split.pattern

@@ -21,7 +21,8 @@ import numpy as np
 from jax.extend.core import jaxpr_as_fun
 from jax.sharding import Mesh, PartitionSpec
 
-from ._boundary import Boundary, Entry, Split, flat_function, top_level, unique_paths
+from ._boundary import Boundary, Split, flat_function, top_level, unique_paths
+from ._entry import Entry
 from ._caches import BoundedCache
 from ._errors import (
     dynamic_paths, no_mapped_input_error, owned_option_error, refs_in_pmap_error, unknown_option_error,

@@ -16,7 +16,8 @@ from typing import Any, ParamSpec, TypeVar, overload
 import jax
 from jax.sharding import PartitionSpec
 
-from ._boundary import Boundary, Entry, Split, flat_function, top_level, unique_paths
+from ._boundary import Boundary, Split, flat_function, top_level, unique_paths
+from ._entry import Entry
 from ._caches import BoundedCache
 from ._eqx_errors import without_filtx_frames
 from ._errors import unknown_option_error

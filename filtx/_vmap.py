@@ -10,7 +10,8 @@ from typing import Any, ParamSpec, TypeVar, overload
 import jax
 import jax.numpy as jnp
 
-from ._boundary import Boundary, Entry, Split, flat_function
+from ._boundary import Boundary, Split, flat_function
+from ._entry import Entry
 from ._caches import BoundedCache
 from ._errors import (
     donation_in_mapped_error,

@@ -14,10 +14,10 @@ from typing import Any, Callable
 
 import jax
 
-from ._boundary import Entry, Split, unique_paths
+from ._boundary import Split, unique_paths
+from ._entry import Entry
 from ._caches import code_owner, is_table_attribute, shared_by_code
 from ._errors import aliased_ref_error, deleted_array_error, owned_option_error, rename_dynamic, unknown_option_error
-from ._donation import _hidden, show_jax_warning
 from ._eqx_errors import equinox_runtime_error, without_filtx_frames
 from ._pickling import reduce_wrapper
 from ._roles import is_ref
@@ -26,7 +26,7 @@ from ._sharding import misplaced_error
 from ._signature import signature_key
 
 __all__ = [
-    "Wrapper", "Bound", "freeze", "check_options", "as_pytree", "fun_donates", "dispatch", "call_error", "made_by",
+    "Wrapper", "Bound", "freeze", "check_options", "as_pytree", "fun_donates", "dispatch", "recover", "call_error", "made_by",
 ]
 
 
@@ -255,45 +255,49 @@ def _unflatten(aux: _Aux, children) -> Wrapper:
 
 
 def dispatch(call: Callable, dynamic: list, split: Split, entry: Entry, recheck: Callable | None = None) -> Any:
-    """Call a compiled entry; on failure, name the user's paths where JAX names
-    filtx's flat arguments, and name arrays used after donation.
-
-    A deleted array is named by path where JAX refuses it. (A donating call
-    over several devices refused its deleted arrays before: see
-    `Boundary._donation_split`. Others JAX refuses cleanly, on JAX 0.7 to 0.12.)
-    A call whose donated buffers were left for JAX to check (`split.checked`
-    false: one device) and that JAX refused for aliasing (before running
-    anything) is split again by buffer, through
-    `recheck(fun, args, kwargs) -> (entry, dynamic, split)`, and called again."""
-    depth = _hidden.depth
+    """`call(*dynamic)`, a compiled entry called; on failure, see `recover`. (A
+    hot path writes the call out itself: `try: out = entry.call(*dynamic)`, and
+    `except Exception as e: out = recover(e, ...)`.)"""
     try:
         return call(*dynamic)
     except Exception as e:
-        error = equinox_runtime_error(e)
-        if error is not None:
-            raise error from None
-        if recheck is not None and not split.checked and refused_aliasing(e):
-            split.plan.aliased = True
-            entry, dynamic, split = recheck(*split.root)
-            return dispatch(entry.call, dynamic, split, entry)
-        if "deleted" in str(e):
-            error = deleted_array_error(split.root)
-            if error is not None:
-                raise error from e
-        paths = unique_paths(split.root, split.plan, split.pattern)
-        if "only one reference to a mutable array" in str(e):
-            error = aliased_ref_error([(p, x) for p, x in zip(paths, dynamic) if is_ref(x)])
-            if error is not None:
-                raise error from None
-        if entry.placements is not None:
-            error = misplaced_error(paths, dynamic, entry.placements, None, "in_shardings")
-            if error is not None:
-                raise error from None
-        rename_dynamic(e, paths)
-        raise
-    finally:
-        if _hidden.depth != depth:  # this call compiled a donating computation
-            show_jax_warning(depth)
+        return recover(e, dynamic, split, entry, recheck)
+
+
+def recover(e: Exception, dynamic: list, split: Split, entry: Entry, recheck: Callable | None = None) -> Any:
+    """What a failed call of a compiled entry raises, naming the user's paths where
+    JAX names filtx's flat arguments, and arrays used after donation; or, for a
+    call JAX refused for aliasing, its output once split again.
+
+    A deleted array is named by path where JAX refuses it (JAX 0.7 to 0.12
+    refuse one cleanly; a donating call over several devices refused its
+    deleted arrays before: see `Boundary._donation_split`). A call whose donated
+    buffers were left for JAX to check (`split.checked` false: one device) and
+    that JAX refused for aliasing (before running anything) is split again by
+    buffer, through `recheck(fun, args, kwargs) -> (entry, dynamic, split)`, and
+    called again. Called in the `except` clause of the failed call."""
+    converted = equinox_runtime_error(e)
+    if converted is not None:
+        raise converted from None
+    if recheck is not None and not split.checked and refused_aliasing(e):
+        split.plan.aliased = True
+        entry, dynamic, split = recheck(*split.root)
+        return dispatch(entry.call, dynamic, split, entry)
+    if "deleted" in str(e):
+        converted = deleted_array_error(split.root)
+        if converted is not None:
+            raise converted from e
+    paths = unique_paths(split.root, split.plan, split.pattern)
+    if "only one reference to a mutable array" in str(e):
+        converted = aliased_ref_error([(p, x) for p, x in zip(paths, dynamic) if is_ref(x)])
+        if converted is not None:
+            raise converted from None
+    if entry.placements is not None:
+        converted = misplaced_error(paths, dynamic, entry.placements, None, "in_shardings")
+        if converted is not None:
+            raise converted from None
+    rename_dynamic(e, paths)
+    raise e
 
 
 def call_error(

@@ -67,6 +67,22 @@ def test_the_warning_comes_once_per_compiled_signature():
     assert len(caught(lambda: f(fresh_model(), jnp.ones(5)))[1]) == 1  # a new shape: a new signature
 
 
+def test_a_trace_after_the_first_calls_hides_jaxs_warning_for_that_call_only():
+    """A donating entry's later calls are guarded (`Entry._guarded`): where JAX
+    traces again (a new shape), filtx's warning is the only one, and the filter
+    hiding JAX's is gone when the call ends."""
+    f = filtx.filter_jit(new_step(), donate="warn")
+    for _ in range(4):  # past the entry's first, quiet calls
+        caught(lambda: f(fresh_model(), jnp.ones(8)))
+    with warnings.catch_warnings(record=True) as found:
+        warnings.simplefilter("always")
+        inside = list(warnings.filters)
+        f(fresh_model(), jnp.ones(5))
+        assert warnings.filters == inside
+    messages = [str(w.message) for w in found if "donated buffers" in str(w.message)]
+    assert len(messages) == 1 and "args[1] (float32[5])" in messages[0] and "ShapedArray" not in messages[0]
+
+
 @pytest.mark.parametrize("mode", ["arrays", "all", "all-except-first"])
 def test_quiet_modes_say_nothing_and_hide_jaxs_warning(mode):
     f = filtx.filter_jit(new_step(), donate=mode)
