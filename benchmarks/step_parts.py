@@ -5,9 +5,13 @@ taken apart, each part against the flat-leaves floor measured in the same run.
     python benchmarks/step_parts.py 10 100 --rounds 15
 
 Per step of 100 pipelined, donating Adam steps (model and optimiser state fed
-back; rounds interleaved, medians): `jax.jit` on the flat list of leaves (the
-floor: no pytree flattened or built), `jax.jit(donate_argnums=(0, 1))` on the
-partitioned parameters (the benchmarks' baseline) and `filtx.filter_jit`.
+back; rounds interleaved, who goes first rotated, medians): `jax.jit` on the
+flat list of leaves (the floor: no pytree flattened or built); the floor that
+also builds the parameters and optimiser state from its outputs every step
+(`floor + build`: what any transformation that returns them pays at least,
+the garbage collector's work on those objects included);
+`jax.jit(donate_argnums=(0, 1))` on the partitioned parameters (the
+benchmarks' baseline) and `filtx.filter_jit`.
 Then the parts of a filtx step, each timed alone (best of 7 repeats):
 
 - `flatten`: flattening the step's arguments, which `jax.jit` does on every call
@@ -20,7 +24,9 @@ Then the parts of a filtx step, each timed alone (best of 7 repeats):
 - `filtx build`: filtx's build of them (its builder, and the records of the
   returned objects that the next step reuses).
 
-The last column is filtx's step over the floor plus `unflatten`.
+The last two columns are filtx's step over the floor plus `unflatten` (timed
+alone, so without the collections its objects cause in a loop), and over the
+`floor + build` loop.
 
 This is a profile, not a benchmark suite: it reads filtx's internals, and its
 figures are for finding costs, not for the report.
@@ -45,15 +51,17 @@ from _support import models  # noqa: E402
 
 from filtx._outputs import parts  # noqa: E402  (a profile: it reads filtx's internals)
 
-LOOPS = {"floor": "jax.jit-leaves", "jax.jit": "jax.jit-params", "filtx": "filtx"}
+LOOPS = {"floor": "jax.jit-leaves", "floor + build": "jax.jit-leaves-build", "jax.jit": "jax.jit-params", "filtx": "filtx"}
 
 
 def loop_times(leaves: int, rounds: int) -> dict:
     """Median seconds per step of each loop variant, rounds interleaved."""
     batches, setups = bd.warm_adam_loops(leaves, LOOPS)
     times: dict = {name: [] for name in setups}
-    for _ in range(rounds):
-        for name, (step, state) in setups.items():
+    names = list(setups)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            step, state = setups[name]
             state = models.fresh_copy(state)
             start = time.perf_counter()
             bd.train_loop(step, state, batches, bd.TRAIN_STEPS)
@@ -95,16 +103,17 @@ def main() -> None:
     options = parser.parse_args()
     print(f"jax {jax.__version__}, {os.cpu_count()} CPUs; µs per step, and as a fraction of the floor step")
     header = [
-        "array leaves", "floor", "jax.jit", "filtx", "flatten", "prepare", "unflatten", "filtx build", "floor + unflatten",
+        "array leaves", "floor", "floor + build", "jax.jit", "filtx", "flatten", "prepare", "unflatten",
+        "filtx build", "floor + unflatten",
     ]
-    print(" | ".join([*header, "filtx / (floor + unflatten)"]))
+    print(" | ".join([*header, "filtx / (floor + unflatten)", "filtx / (floor + build)"]))
     for leaves in options.leaves:
         figures = loop_times(leaves, options.rounds) | part_times(leaves)
         figures["floor + unflatten"] = figures["floor"] + figures["unflatten"]
         floor = figures["floor"]
         cells = [f"{figures[k] * 1e6:.1f} ({figures[k] / floor:.2f})" for k in header[1:]]
-        ratio = figures["filtx"] / figures["floor + unflatten"]
-        print(" | ".join([str(leaves), *cells, f"{ratio:.2f}"]), flush=True)
+        ratios = [figures["filtx"] / figures[k] for k in ("floor + unflatten", "floor + build")]
+        print(" | ".join([str(leaves), *cells, *(f"{r:.2f}" for r in ratios)]), flush=True)
 
 
 if __name__ == "__main__":

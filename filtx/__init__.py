@@ -12,6 +12,7 @@ them, never importing each other):
 - `_resolve`: (fun, args, kwargs) -> the role (and in axis) of every leaf
 - `_plan`: plans per call signature, canonical plans, callable-spec variants
 - `_boundary`: flatten once, split by plan, key the cache; rebuild the call inside
+- `_entry`: what a call dispatches to (a compiled call; donating ones guard JAX's warning)
 - `_share`: sharing patterns, donation of aliased buffers, `unshare`/`reshare`
 - `_buffers`: which device buffers values stand on (the donation check's keys)
 - `_outputs`: the one carrier of non-array and shared outputs
@@ -23,7 +24,8 @@ them, never importing each other):
 - `_leaks`: tracers hidden in returned objects
 - `_reuse`: records of returned objects, reused instead of flattened again
 - `_caches`: bounded caches, `clear_caches`, compile state shared by equal wrappers
-- `_wrapper`: what every wrapper shares (decorators, binding, equality, dispatch)
+- `_wrapper`: what every wrapper shares (decorators, binding, equality, dispatch, and
+  what a failed call raises)
 - `_lowering`: the ahead-of-time stages (`.trace`, `.lower`, `.eval_shape`, `.clear_cache`)
 - `_export`: `jax.export` over whole pytrees, and `call_exported`
 - `_pickling`: wrappers pickled as the public call that made them

@@ -56,6 +56,7 @@ class Split(NamedTuple):
     root: tuple  # (fun, args, kwargs), the arguments bound to the function's positions
     checked: bool = True  # donated buffers checked for aliasing here (else JAX's runtime refuses it)
     reused: Any = None  # the records the arguments' leaves were taken from (see _reuse), or None
+    beside: Any = None  # the values read beside fed-back outputs, for their records (see _buffers.fed_back_keys)
 
 
 _new_split = tuple.__new__  # `Split`s made per call: the NamedTuple's own __new__ is Python
@@ -148,8 +149,12 @@ class Boundary:
         call's outputs (`reused`) are known apart without reading their shards."""
         if _buffers.any_deleted(dynamic):
             raise deleted_array_error(root)
+        fresh, beside = fresh_leaves(reused)
         try:
-            keys = _buffers.buffer_keys(dynamic, fresh_leaves(reused))
+            if fresh is None:
+                keys = _buffers.buffer_keys(dynamic)
+            else:
+                keys, beside = _buffers.fed_back_keys(dynamic, fresh, beside)
         except PartialAliasing as e:
             raise partial_aliasing_error(root, plan, e) from None
         if keys is None:  # a tracer among the leaves: traced by another transformation
@@ -159,7 +164,7 @@ class Boundary:
             pattern = _share.shared_pattern(keys, plan.axes)
         else:
             pattern = _share.donation_pattern(keys, plan.donate_mask)
-        return Split(plan, statics, dynamic, pattern, root, True, reused)
+        return Split(plan, statics, dynamic, pattern, root, True, reused, beside)
 
     def _reused_leaves(self, fun, args: tuple, kwargs: dict, reused: tuple) -> tuple:
         return spliced_leaves(self.slots, (fun, args, kwargs), *reused)
@@ -188,7 +193,7 @@ class Boundary:
             if dynamic is not None:
                 plan = layout.plan
                 if not plan.any_donated:
-                    split = (plan, layout.statics, dynamic, None, (fun, args, kwargs), True, None)
+                    split = (plan, layout.statics, dynamic, None, (fun, args, kwargs), True, None, None)
                     return layout.entry, dynamic, _new_split(Split, split)
                 split = self._laid_out(plan, layout.statics, dynamic, (fun, args, kwargs))
                 if split is not None:
@@ -223,7 +228,7 @@ class Boundary:
         arrays, info = parts(out, form)
         if info.slots and reuse and top_level():
             inputs = split.dynamic if split.checked and split.plan.any_donated else None
-            return info.build_recording(arrays, self.records, inputs)
+            return info.build_recording(arrays, self.records, inputs, split.beside)
         return info.build(arrays)
 
     def _laid_out(self, plan: Plan, statics: tuple, dynamic: list, root: tuple) -> Split | None:
@@ -236,7 +241,7 @@ class Boundary:
         if plan.aliased or not top_level():
             return None
         if _buffers.single_device_call(plan.donated, dynamic):
-            return _new_split(Split, (plan, statics, dynamic, None, root, False, None))
+            return _new_split(Split, (plan, statics, dynamic, None, root, False, None, None))
         found = self.records and slotted(self.records, root[1])
         split = self._donation_split(plan, statics, dynamic, root, found[1] if found else None)
         return split if split.pattern is None and split.plan is plan else None

@@ -9,7 +9,9 @@ donation.
 from __future__ import annotations
 
 import math
-from operator import attrgetter, methodcaller
+import weakref
+from itertools import compress
+from operator import attrgetter, invert, methodcaller, not_
 from typing import Any, Callable
 
 import jax
@@ -40,11 +42,14 @@ def single_device_call(donated: Callable, dynamic: list) -> bool:
         _single_device_process.append(jax.device_count() == 1)
     if _single_device_process[0]:
         return True
-    arrays = [x for x in donated(dynamic) if type(x) is _ARRAY]  # NumPy arrays out
-    if not arrays or not any(map(_committed, arrays)):
+    picked = donated(dynamic)
+    first = next((x for x in picked if type(x) is _ARRAY), None)  # NumPy arrays out
+    if first is None:
         return True
-    first = arrays[0]
-    if first._committed and type(first.sharding) is SingleDeviceSharding:
+    if first._committed:  # the others committed to its devices (or JAX refuses the call)
+        return type(first.sharding) is SingleDeviceSharding
+    arrays = [x for x in picked if type(x) is _ARRAY]
+    if not any(map(_committed, arrays)):
         return True
     return all(type(s) is SingleDeviceSharding for s in map(_sharding, arrays))
 
@@ -79,24 +84,17 @@ def refused_aliasing(error: Exception) -> bool:
     return "same buffer twice" in text or ("same call to Execute()" in text and "donat" in text)
 
 
-def buffer_keys(values: list, fresh: set | None = None) -> list | None:
+def buffer_keys(values: list) -> list | None:
     """Per value, what identifies its device buffers: distinct `jax.Array` objects
     over the same buffers get equal keys. Single-device arrays: the buffer's
     address; sharded arrays: the addresses of every shard; NumPy arrays: the
     object's id. `None` when a value is a tracer: the call is being traced by
-    another transformation, and has no buffers to donate.
-
-    `fresh`: ids of values returned by one call and fed back (`_reuse.fresh_leaves`).
-    No other array held their buffers when made, so only one built since from
-    their shards can share one: they are keyed by id, their shards read only
-    where another value's were and are of their byte size (reading every
-    shard of every leaf costs a sharded call milliseconds)."""
+    another transformation, and has no buffers to donate. (Reading every shard
+    of every leaf costs a sharded call milliseconds: see `fed_back_keys`.)"""
     try:
         return list(map(_buffer_pointer, values))  # all single-device: one C-level pass
     except Exception:
         pass
-    if fresh:
-        return _keys_beside_fresh(values, fresh)
     if any(isinstance(x, jax.core.Tracer) for x in values):
         return None
     keys = list(map(_buffer_key, values))
@@ -104,16 +102,40 @@ def buffer_keys(values: list, fresh: set | None = None) -> list | None:
     return keys
 
 
-def _keys_beside_fresh(values: list, fresh: set) -> list | None:
-    """`buffer_keys` where the values of ids in `fresh` are a call's outputs fed
-    back (concrete arrays): the others are read, and a fresh one only where its
-    shards are of a size one of theirs is."""
-    is_fresh = [id(x) in fresh for x in values]
-    others = [x for x, f in zip(values, is_fresh) if not f]
+def fed_back_keys(values: list, fresh: set, beside: tuple | None) -> tuple[list | None, tuple | None]:
+    """`(buffer_keys(values), beside for the records of this call)`, where the
+    values of ids in `fresh` are outputs of a call fed back (`_reuse.fresh_leaves`).
+
+    No other array held their buffers when they were returned, so only an array
+    made since from their shards can share one: they are keyed by id. The other
+    values are read, and a fresh one too where its shards are of a byte size
+    one of theirs is. `beside` holds `(weak reference, key)` of other values
+    already read at a call before the one that returned the fresh values (so
+    made before them, sharing none of their buffers; an array's buffers never
+    change): where every other value is one of them, nothing is read at all.
+    The `beside` returned is that of this call's other values, for the records
+    of its outputs (None where one cannot be held weakly)."""
+    ids = list(map(id, values))
+    is_fresh = list(map(fresh.__contains__, ids))
+    other_at = list(compress(range(len(ids)), map(not_, is_fresh)))
+    others = [values[i] for i in other_at]
+    if beside is not None:
+        known = {}
+        for ref, key in beside:
+            obj = ref()
+            if obj is not None:
+                known[id(obj)] = (obj, key)
+        hits = [known.get(id(x)) for x in others]
+        if all(hit is not None and hit[0] is x for hit, x in zip(hits, others)):  # checked together before
+            keys = list(map(invert, ids))  # a fresh value's key: -id - 1, never an address
+            for i, hit in zip(other_at, hits):
+                keys[i] = hit[1]
+            return keys, beside
     if any(isinstance(x, jax.core.Tracer) for x in others):
-        return None
+        return None, None
     sizes: set = set()
-    read = iter([_buffer_key(x, sizes) for x in others])
+    read_keys = [_buffer_key(x, sizes) for x in others]
+    read = iter(read_keys)
     if sizes:
         sizes.add(None)  # a size that cannot be told: read its shards
     keys = [
@@ -121,7 +143,11 @@ def _keys_beside_fresh(values: list, fresh: set) -> list | None:
         for x, f in zip(values, is_fresh)
     ]
     _check_partial_aliasing(keys)
-    return keys
+    try:
+        held = tuple(zip(map(weakref.ref, others), read_keys))
+    except TypeError:  # a value that takes no weak reference (a NumPy scalar)
+        held = None
+    return keys, held
 
 
 def _buffer_key(x, sizes: set | None = None) -> Any:

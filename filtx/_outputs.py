@@ -101,10 +101,11 @@ class OutputInfo:
             arrays = self.expand(arrays)
         return self.merge(self.statics + tuple(arrays))
 
-    def build_recording(self, arrays, records, inputs: Any = None) -> Any:
+    def build_recording(self, arrays, records, inputs: Any = None, beside: Any = None) -> Any:
         """`build`, and record its reusable objects in `records` (see _reuse);
         `inputs` (the call's donated-call inputs, or None): the records of objects
-        holding none of them are fresh (no other array holds their buffers)."""
+        holding none of them are fresh (no other array holds their buffers), and
+        hold `beside` (see `_buffers.fed_back_keys`)."""
         leaves = self.leaves(arrays)
         out = self.unflatten(leaves)
         if self.slot_types is None:  # first build: keep the slots whose object holds those leaves
@@ -116,7 +117,7 @@ class OutputInfo:
         given = None if inputs is None else set(map(id, inputs))
         for (path, treedef, a, b), types in zip(self.slots, self.slot_types):
             fresh = given is not None and given.isdisjoint(map(id, leaves[a:b]))
-            records.remember(item_at(out, path), treedef, leaves[a:b], types, fresh)
+            records.remember(item_at(out, path), treedef, leaves[a:b], types, fresh, beside if fresh else None)
         return out
 
 

@@ -19,6 +19,7 @@ record goes when its object does.
 from __future__ import annotations
 
 import dataclasses
+from itertools import chain
 import operator
 import os
 import threading
@@ -84,17 +85,19 @@ class Record(weakref.ref):
     object per record, made at C speed: a call records its outputs every time."""
 
     # `fresh`: its leaves are the outputs of one call, whose buffers no other array
-    # held when they were returned (see `_buffers.buffer_keys`).
-    __slots__ = ("key", "treedef", "leaves", "types", "fresh")
+    # held when they were returned; `beside`: that call's other values, made
+    # before them, with their buffer keys (see `_buffers.fed_back_keys`).
+    __slots__ = ("key", "treedef", "leaves", "types", "fresh", "beside")
 
 
-def _record(obj: Any, forget, key: int, treedef, leaves: list, types: tuple, fresh: bool) -> Record:
+def _record(obj: Any, forget, key: int, treedef, leaves: list, types: tuple, fresh: bool, beside) -> Record:
     record = Record(obj, forget)
     record.key = key
     record.treedef = treedef
     record.leaves = leaves
     record.types = types
     record.fresh = fresh
+    record.beside = beside
     return record
 
 
@@ -109,14 +112,14 @@ class Records:
         self.seen: dict = {}
         self.lock = threading.Lock()
 
-    def remember(self, obj: Any, treedef, leaves: list, types: tuple, fresh: bool = False) -> None:
+    def remember(self, obj: Any, treedef, leaves: list, types: tuple, fresh: bool = False, beside=None) -> None:
         key = id(obj)
         items = self.items
         if len(items) >= MAX_RECORDS:
             with self.lock:
                 while len(items) >= MAX_RECORDS:
                     items.pop(next(iter(items)), None)
-        items[key] = _record(obj, self._forget, key, treedef, leaves, types, fresh)
+        items[key] = _record(obj, self._forget, key, treedef, leaves, types, fresh, beside)
 
     def _forget(self, record: Record) -> None:
         """A recorded object died: its record goes (unless another took its id)."""
@@ -298,12 +301,18 @@ def spliced_leaves(checked: dict, root: tuple, slotted_args: tuple, records: lis
     return leaves, (rest_def, tuple([r.treedef for r in records])), tuple(types)
 
 
-def fresh_leaves(records: list | None) -> set | None:
-    """The ids of the leaves of `records` (those a call's leaves were taken from)
-    that are outputs of one call, owned by no other array when returned."""
-    if not records:
-        return None
-    return {id(x) for r in records if r.fresh for x in r.leaves} or None
+def fresh_leaves(records: list | None) -> tuple[set | None, tuple | None]:
+    """`(ids, beside)`: the ids of the leaves of `records` (those a call's leaves
+    were taken from) that are outputs of one call, owned by no other array when
+    returned; and the `beside` those records share (see `_buffers.fed_back_keys`),
+    or None where they differ."""
+    fresh = [r for r in records or () if r.fresh]
+    if not fresh:
+        return None, None
+    beside = fresh[0].beside
+    if beside is not None and any(r.beside is not beside for r in fresh):
+        beside = None
+    return set(map(id, chain.from_iterable([r.leaves for r in fresh]))), beside
 
 
 def _splice(rest: Any, positions: list, parts: list) -> list:

@@ -148,6 +148,32 @@ def test_buffer_keys_see_distinct_objects_over_one_buffer_and_none_under_a_trace
     assert found == [None]
 
 
+def test_fed_back_keys_read_only_values_not_read_beside_those_outputs_before():
+    n = jax.local_device_count()
+    mesh = jax.make_mesh((n,), ("d",), axis_types=(jax.sharding.AxisType.Explicit,))
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("d"))
+    fed = [jax.device_put(jnp.ones((n, 4)), sharding) for _ in range(2)]  # outputs of the last call
+    batch = jax.device_put(jnp.zeros((n, 3)), sharding)  # read; its shards' size is not theirs
+    fresh = set(map(id, fed))
+    keys, beside = _buffers.fed_back_keys([*fed, batch], fresh, None)
+    assert keys[:2] == [-id(fed[0]) - 1, -id(fed[1]) - 1] and isinstance(keys[2], tuple)
+    assert [(ref(), key) for ref, key in beside] == [(batch, keys[2])]
+    # The next call: the batch was read beside them, before they were made. Nothing is read.
+    reads = []
+    original = _buffers._buffer_key
+    _buffers._buffer_key = lambda x, *a: reads.append(x) or original(x, *a)
+    try:
+        again, kept = _buffers.fed_back_keys([*fed, batch], fresh, beside)
+        assert again == keys and kept is beside and reads == []
+        # An array made since from a fed-back output's shards was not: read, as are fresh
+        # values of its shards' size; the alias gets the output's key.
+        alias = jax.make_array_from_single_device_arrays(fed[0].shape, fed[0].sharding, list(fed[0]._arrays))
+        keys, _ = _buffers.fed_back_keys([*fed, alias], fresh, beside)
+        assert keys[0] == keys[2] != keys[1] and alias in reads
+    finally:
+        _buffers._buffer_key = original
+
+
 def test_refused_aliasing_recognises_jaxs_runtime_refusals_only():
     assert _buffers.refused_aliasing(ValueError("INVALID_ARGUMENT: Attempt to donate the same buffer twice in Execute()"))
     assert not _buffers.refused_aliasing(ValueError("some other error about donation"))

@@ -217,7 +217,10 @@ def train_setup(variant: str, smoke: bool, leaves: int | str | None = None, adam
     """`(step, state)`: `step(*state, x, y) -> (*state, loss)` is one donating SGD
     (or Adam) step of this variant, `state` its initial (model or parameters,
     optimiser state; for `jax.jit-leaves` the flat list of both). The state must
-    be copied before use: the step donates it."""
+    be copied before use: the step donates it. `jax.jit-leaves-build` (for the
+    profiles) is `jax.jit-leaves` that also builds the parameters and optimiser
+    state from the step's outputs every step, with `treedef.unflatten`: the
+    floor of a transformation that returns them, its garbage included."""
     optim = optax.adam(1e-3) if adam else models.sgd()
     train_step = models.make_train_step(optim)
     model = train_model(smoke, leaves)
@@ -226,7 +229,7 @@ def train_setup(variant: str, smoke: bool, leaves: int | str | None = None, adam
         return filtx.filter_jit(train_step, donate="arrays"), (model, opt_state)
     if variant == "eqx":
         return eqx.filter_jit(train_step, donate="all"), (model, opt_state)
-    if variant in ("jax.jit-params", "jax.jit-leaves"):
+    if variant in ("jax.jit-params", "jax.jit-leaves", "jax.jit-leaves-build"):
         params, static = eqx.partition(model, eqx.is_array)
 
         def params_step(params, opt_state, x, y):
@@ -243,7 +246,17 @@ def train_setup(variant: str, smoke: bool, leaves: int | str | None = None, adam
             params, opt_state, loss = params_step(*treedef.unflatten(flat), x, y)
             return jax.tree_util.tree_leaves((params, opt_state)), loss
 
-        return jax.jit(leaves_step, donate_argnums=0), (flat,)
+        floor = jax.jit(leaves_step, donate_argnums=0)
+        if variant == "jax.jit-leaves":
+            return floor, (flat,)
+        built = [None]
+
+        def floor_and_build(flat, x, y):  # what any transform returning the model pays at least
+            out, loss = floor(flat, x, y)
+            built[0] = treedef.unflatten(out)  # held until the next step, as a loop holds its model
+            return out, loss
+
+        return floor_and_build, (flat,)
     raise ValueError(variant)
 
 
