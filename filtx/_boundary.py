@@ -233,12 +233,13 @@ class Boundary:
 
     def _laid_out(self, plan: Plan, statics: tuple, dynamic: list, root: tuple) -> Split | None:
         """The split of a donating call its layout laid out, or None where donation
-        needs the full path (another trace, aliased buffers). On one device nothing
-        is read: JAX's runtime refuses a buffer donated twice, or donated and passed
-        again (one object at two places included), before running, and dispatch
-        splits again. Sharded buffers are checked here, the leaves of recorded
-        outputs fed back known apart by id (one object twice: the same key)."""
-        if plan.aliased or not top_level():
+        needs the full path (another trace, aliased buffers, one object twice). On
+        one device no buffer is read: JAX's runtime refuses distinct arrays over one
+        buffer before running, and dispatch splits again. (One object twice JAX
+        refuses too, but XLA logs an error line for it: filtx checks ids.) Sharded
+        buffers are checked here, the leaves of recorded outputs fed back known
+        apart by id."""
+        if plan.aliased or not top_level() or len(set(map(id, dynamic))) != len(dynamic):
             return None
         if _buffers.single_device_call(plan.donated, dynamic):
             return _new_split(Split, (plan, statics, dynamic, None, root, False, None, None))
