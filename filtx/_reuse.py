@@ -19,11 +19,11 @@ record goes when its object does.
 from __future__ import annotations
 
 import dataclasses
-from itertools import chain
 import operator
 import os
 import threading
 import weakref
+from itertools import chain
 from typing import Any
 
 import jax
