@@ -214,8 +214,12 @@ class Boundary:
             entry = build(split)
         dynamic = split.dynamic if entry.take is None else list(entry.take(split.dynamic))
         if self.layouts and not kwargs:
-            if plan is self.last_plan and (layout is None or layout.plan is not plan or layout.entry is not entry):
-                self.layout = make_layout(fun, args, split.reused, split, entry, reuse)
+            if plan is self.last_plan and (
+                layout is None or layout.plan is not plan or layout.entry is not entry or layout.due()
+            ):
+                self.layout = made = make_layout(fun, args, split.reused, split, entry, reuse)
+                if made is not None:
+                    made.succeed(layout)
             self.last_plan = plan
         return entry, dynamic, split
 
@@ -233,16 +237,22 @@ class Boundary:
 
     def _laid_out(self, plan: Plan, statics: tuple, dynamic: list, root: tuple) -> Split | None:
         """The split of a donating call its layout laid out, or None where donation
-        needs the full path (another trace, aliased buffers, one object twice). On
-        one device no buffer is read: JAX's runtime refuses distinct arrays over one
-        buffer before running, and dispatch splits again. (One object twice JAX
-        refuses too, but XLA logs an error line for it: filtx checks ids.) Sharded
-        buffers are checked here, the leaves of recorded outputs fed back known
-        apart by id."""
-        if plan.aliased or not top_level() or len(set(map(id, dynamic))) != len(dynamic):
+        needs the full path (another trace, aliased buffers, one object twice).
+
+        On one device nothing is read per leaf: JAX's runtime refuses a donated
+        buffer that stands twice before running, and `recover` splits the call
+        again. An array or recorded object passed twice the layout refuses itself
+        (see `_layout._take_function`), since XLA also logs an error line for it;
+        rarer forms (an array passed beside the model that holds it) are left to
+        JAX's refusal, and print that line, as `jax.jit` does. Sharded buffers
+        are checked here, the leaves of recorded outputs fed back known apart by
+        id."""
+        if plan.aliased or not top_level():
             return None
         if _buffers.single_device_call(plan.donated, dynamic):
             return _new_split(Split, (plan, statics, dynamic, None, root, False, None, None))
+        if len(set(map(id, dynamic))) != len(dynamic):
+            return None
         found = self.records and slotted(self.records, root[1])
         split = self._donation_split(plan, statics, dynamic, root, found[1] if found else None)
         return split if split.pattern is None and split.plan is plan else None

@@ -54,7 +54,9 @@ class Layout:
     the same way (its dynamic leaves) or says None: a function written for this
     layout, its steps as straight-line checks (see `_take_function`)."""
 
-    __slots__ = ("reuse", "steps", "template", "statics", "plan", "entry", "take", "__weakref__")
+    __slots__ = (
+        "reuse", "steps", "template", "statics", "plan", "entry", "take", "took", "patience", "wait", "__weakref__",
+    )
 
     def __init__(self, reuse, statics, plan, entry):
         self.reuse = reuse
@@ -64,6 +66,8 @@ class Layout:
         self.plan = plan
         self.entry = entry
         self.take = _refuse
+        self.took = [False]  # whether it laid out a call (kept only where it checks objects by identity)
+        self.patience = self.wait = 0  # see `due`
 
     def forget(self, _ref=None) -> None:
         """An object the layout checks for died: the layout lays out nothing more,
@@ -72,16 +76,39 @@ class Layout:
         self.template = None
         self.steps = ()
 
+    def due(self) -> bool:
+        """Whether a new layout is worth making, on a call this one did not lay
+        out: an object it checks died, and it laid out calls before (an evaluation
+        loop's model changed), or it laid out none and has waited its turn (an
+        object new every call: layouts made after 1, 2, 4, 8... such calls)."""
+        if self.template is not None:
+            return False
+        if self.took[0]:
+            return True
+        self.wait -= 1
+        return self.wait < 0
+
+    def succeed(self, dead: Layout | None) -> None:
+        """Take over from `dead`, the layout this one replaces (see `due`)."""
+        if dead is not None and dead.template is None and not dead.took[0]:
+            self.patience = self.wait = 2 * dead.patience + 1
+
 
 def _refuse(fun: Any, args: tuple, records: dict) -> None:
     return None
 
 
-def _take_function(fun_ref, nargs: int, steps: tuple, template: list) -> Callable:
+def _take_function(
+    fun_ref, nargs: int, steps: tuple, template: list, distinct: bool = False, took: list | None = None,
+) -> Callable:
     """`take(fun, args, records) -> dynamic leaves | None`, written out for these
     steps: each argument reached by indexing, checked and put in place, with no
-    loop over the steps and no step tuples read per call."""
-    names: dict = {"FUN": fun_ref, "TEMPLATE": template, "id": id, "type": type, "len": len}
+    loop over the steps and no step tuples read per call. With `distinct` (a
+    donating call), the arrays and recorded objects put in must be distinct
+    objects: one passed twice (`f(x, x)`, `f(model, model)`) takes the full path,
+    which donates it once (see `Boundary._laid_out` for what is left to JAX).
+    `took[0]` is set once it lays out a call, where it checks objects by identity."""
+    names: dict = {"FUN": fun_ref, "TEMPLATE": template, "TOOK": took, "id": id, "type": type, "len": len}
 
     def name_for(value: Any) -> str:
         key = f"_k{len(names)}"
@@ -89,11 +116,14 @@ def _take_function(fun_ref, nargs: int, steps: tuple, template: list) -> Callabl
         return key
 
     lines = [f"if fun is not FUN() or len(args) != {nargs}: return None", "d = TEMPLATE.copy()"]
+    put_in = []  # the objects each call puts in anew
     for step in steps:
         kind, path = step[0], step[1]
         var = "a_" + "_".join(map(str, path))
         parent = "args" if len(path) == 1 else "a_" + "_".join(map(str, path[:-1]))
         lines.append(f"{var} = {parent}[{path[-1]}]")
+        if kind is _LEAF or kind is _RECORD:
+            put_in.append(var)
         if kind is _LEAF:
             lines += [f"if type({var}) is not {name_for(step[2])}: return None", f"d[{step[3]}] = {var}"]
         elif kind is _SAME:
@@ -117,6 +147,12 @@ def _take_function(fun_ref, nargs: int, steps: tuple, template: list) -> Callabl
             lines.append(f"if type({var}) is not {name_for(step[2])} or len({var}) != {step[3]}: return None")
         else:  # _EQUAL
             lines.append(f"if type({var}) is not {name_for(step[2])} or {var} != {name_for(step[3])}: return None")
+    if distinct and len(put_in) == 2:
+        lines.append(f"if {put_in[0]} is {put_in[1]}: return None")
+    elif distinct and len(put_in) > 2:
+        lines.append(f"if len({{{', '.join(f'id({v})' for v in put_in)}}}) != {len(put_in)}: return None")
+    if took is not None and any(step[0] is _SAME for step in steps):
+        lines.append("TOOK[0] = True")
     source = "def take(fun, args, records):\n" + "".join(f"    {line}\n" for line in lines) + "    return d\n"
     exec(compile(source, "<filtx layout>", "exec"), names)
     return names["take"]
@@ -154,7 +190,7 @@ def make(fun: Any, args: tuple, reused: list | None, split, entry, reuse: bool) 
         held.append(step)
     layout.steps = tuple(held)
     layout.template = template
-    layout.take = _take_function(weakref.ref(fun), len(args), layout.steps, template)
+    layout.take = _take_function(weakref.ref(fun), len(args), layout.steps, template, plan.any_donated, layout.took)
     return layout
 
 

@@ -14,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import filtx
+import filtx._boundary as boundary
 import filtx._layout as layout
 
 from _helpers import budget, counting
@@ -103,6 +104,80 @@ def test_donating_calls_laid_out_donate_and_refuse_aliased_or_deleted_arrays(tak
     assert "Execute()" not in capfd.readouterr().err  # not left for XLA to refuse (it logs an error line)
     with pytest.raises(RuntimeError, match=r"args\[0\].*donated"):
         f(old, jnp.ones(3))
+
+
+class Pair(eqx.Module):
+    ws: tuple
+
+
+def pair(start: float) -> Pair:
+    return Pair(tuple(jnp.full(3, start + i) for i in range(20)))  # enough leaves to be recorded
+
+
+def add(a: Pair, b: Pair) -> Pair:
+    return jax.tree.map(jnp.add, a, b)
+
+
+def test_a_donating_layout_refuses_one_object_passed_twice_before_xla_sees_it(takes, capfd):
+    # A lagged loop: each model is traced once, then donated once; both arguments are
+    # outputs recorded from the same place, so the layout would take one twice.
+    f = filtx.filter_jit(add, specs=(filtx.donate, filtx.traced))
+    a = f(pair(0.0), pair(1.0))
+    b = f(pair(2.0), pair(3.0))
+    for _ in range(4):
+        a, b = b, f(a, b)
+    assert takes[-1]
+    expected = [np.asarray(w) * 2 for w in b.ws]
+    capfd.readouterr()
+    took = len(takes)
+    out = f(b, b)  # donated and traced: the layout refuses, the full path keeps it
+    assert not takes[took]
+    assert "Execute()" not in capfd.readouterr().err
+    for w, e in zip(out.ws, expected):
+        np.testing.assert_array_equal(w, e)
+    assert not b.ws[0].is_deleted()
+
+
+def test_a_layout_is_made_again_after_the_model_it_laid_out_calls_for_dies(takes):
+    # An evaluation loop given a new model every epoch, the old one dropped.
+    evaluate = filtx.filter_jit(lambda model, x: model(x))
+    for epoch in range(3):
+        model = eqx.nn.Linear(3, 2, key=jax.random.PRNGKey(epoch))
+        before = len(takes)
+        for _ in range(4):
+            np.testing.assert_allclose(evaluate(model, jnp.ones(3)), model(jnp.ones(3)), rtol=1e-6)
+        assert takes[before:][-2:] == [True, True], epoch  # laid out again in every epoch
+        del model
+        gc.collect()
+
+
+def test_layouts_that_lay_out_no_call_are_made_less_and_less_often(monkeypatch):
+    made = []
+    original = boundary.make_layout
+    monkeypatch.setattr(boundary, "make_layout", lambda *a: made.append(1) or original(*a))
+    f = filtx.filter_jit(lambda model, x: model(x))
+    model = eqx.nn.Linear(3, 2, key=jax.random.PRNGKey(0))
+    for _ in range(40):  # a new object every call: layouts made less and less often
+        f(eqx.tree_at(lambda m: m.bias, model, model.bias + 1), jnp.ones(3))
+        gc.collect()
+    assert len(made) <= 6  # after calls 2, 3, 5, 9, 17, 33
+
+
+def test_a_donating_layout_leaves_an_array_beside_the_model_holding_it_to_jax_and_gives_the_right_result(takes):
+    # Not checked per call (it would read every leaf): JAX's runtime refuses the call
+    # before running (XLA logs a line, as under `jax.jit`), and filtx splits it again.
+    f = filtx.filter_jit(lambda m, x: (jax.tree.map(lambda w: w + x, m), x * 2), donate="arrays")
+    m = pair(0.0)
+    for _ in range(4):
+        m, _ = f(m, jnp.ones(3))
+    assert takes[-1]
+    before = [np.asarray(w) for w in m.ws]
+    out, y = f(m, m.ws[1])
+    np.testing.assert_array_equal(y, before[1] * 2)
+    for w, b in zip(out.ws, before):
+        np.testing.assert_array_equal(w, b + before[1])
+    m, _ = f(out, jnp.ones(3))  # and the loop goes on
+    np.testing.assert_array_equal(m.ws[0], before[0] + before[1] + 1)
 
 
 class Params(eqx.Module):
