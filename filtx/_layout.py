@@ -10,7 +10,7 @@ leaves go in the last call's list of dynamic leaves. A call that passes every
 check takes that list with its own leaves put in (a few Python operations per
 argument, instead of a flatten, a splice, a plan lookup and an entry lookup);
 any other call takes the full path, and the layout is made again once the new
-one repeats. The checks:
+one repeats, or once an object it checks has died (see `Layout.due`). The checks:
 
 - the same object as before (`is`), where every node of it is immutable (an
   Equinox Module): its leaves are the ones the layout holds. The object is
