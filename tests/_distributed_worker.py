@@ -13,6 +13,8 @@ run the same training on 4 devices of a single process as the reference.
 """
 
 
+import types
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -42,6 +44,23 @@ def make_batches():
     x = rng.standard_normal((NUM_STEPS, NUM_DEVICES, PER_DEVICE_BATCH, IN_SIZE), dtype=np.float32)
     y = np.sin(x.sum(-1, keepdims=True)) + x[..., :1] ** 2
     return x, y
+
+
+def count_conversions():
+    """Record in `converted` how many leaves each call converts from host-local to
+    global arrays (the model a step returned and takes back is not converted)."""
+    from filtx import _hosts
+
+    convert = _hosts.multihost_utils.host_local_array_to_global_array
+
+    def counting(arrays, mesh, specs):
+        converted.append(len(arrays))
+        return convert(arrays, mesh, specs)
+
+    _hosts.multihost_utils = types.SimpleNamespace(host_local_array_to_global_array=counting)
+
+
+converted: list = []
 
 
 def make_step(devices=None):
@@ -74,6 +93,7 @@ def train(model, batches, *, num_local_devices, devices=None):
 
     model = jax.tree.map(replicate, model)
     step = make_step(devices)
+    converted.clear()
     losses = []
     x, y = batches
     for i in range(NUM_STEPS):
@@ -104,6 +124,7 @@ def main(process_id: int, port: int, out_path: str) -> None:
     # This process's shards: the global batch's slices at its devices' positions.
     positions = [jax.devices().index(d) for d in jax.local_devices()]
     x, y = make_batches()
+    count_conversions()
     model, losses = train(make_model(), (x[:, positions], y[:, positions]), num_local_devices=2)
     copies = local_copies(model)
     np.savez(
@@ -111,6 +132,7 @@ def main(process_id: int, port: int, out_path: str) -> None:
         losses=losses,
         positions=np.array(positions),
         traces=np.array(len(traces)),
+        converted=np.array(converted),
         **{f"leaf{i}": copy for i, copy in enumerate(copies)},
     )
     print(f"process {process_id}: devices at {positions}, losses {losses.tolist()}", flush=True)

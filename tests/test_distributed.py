@@ -61,6 +61,11 @@ def test_two_processes_train_like_one(tmp_path):
         np.testing.assert_allclose(a[0], expected_leaves[i][0], rtol=1e-6, atol=1e-6)
     # Each process traced the step once for all its steps.
     assert first["traces"] == second["traces"] == 1
+    # The first step converts the model and the batch; later steps the batch alone
+    # (x and y): the model each step returned is passed back as its global array.
+    n_leaves = len([k for k in first if k.startswith("leaf")])
+    for result in (first, second):
+        assert result["converted"].tolist() == [n_leaves + 2] + [2] * (len(result["losses"]) - 1)
     np.testing.assert_array_equal(first["losses"], second["losses"])
     np.testing.assert_allclose(first["losses"], expected_losses, rtol=1e-6)
 
