@@ -206,7 +206,7 @@ def _check_partial_aliasing(keys: list) -> None:
         return
     owner: dict = {}
     for i, key in enumerate(keys):
-        if type(key) is int and key < 0:  # a fresh value's (see buffer_keys)
+        if type(key) is int and key < 0:  # a fresh value's (see fed_back_keys)
             continue
         for pointer in key if isinstance(key, tuple) else (key,):
             j = owner.setdefault(pointer, i)

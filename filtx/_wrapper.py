@@ -280,7 +280,8 @@ def recover(e: Exception, dynamic: list, split: Split, entry: Entry, recheck: Ca
     if converted is not None:
         raise converted from None
     if recheck is not None and not split.checked and refused_aliasing(e):
-        split.plan.aliased = True
+        if len(set(map(id, dynamic))) == len(dynamic):  # distinct arrays over one buffer: check this plan's calls
+            split.plan.aliased = True  # (one object twice, a layout let through: the full path finds it by id)
         entry, dynamic, split = recheck(*split.root)
         return dispatch(entry.call, dynamic, split, entry)
     if "deleted" in str(e):

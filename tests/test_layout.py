@@ -176,8 +176,10 @@ def test_a_donating_layout_leaves_an_array_beside_the_model_holding_it_to_jax_an
     np.testing.assert_array_equal(y, before[1] * 2)
     for w, b in zip(out.ws, before):
         np.testing.assert_array_equal(w, b + before[1])
-    m, _ = f(out, jnp.ones(3))  # and the loop goes on
-    np.testing.assert_array_equal(m.ws[0], before[0] + before[1] + 1)
+    m, _ = f(out, jnp.ones(3))  # and the loop goes on, laid out again
+    m, _ = f(m, jnp.ones(3))
+    assert takes[-1] and not f._boundary.layout.plan.aliased  # one object twice: the plan is not marked aliased
+    np.testing.assert_array_equal(m.ws[0], before[0] + before[1] + 2)
 
 
 class Params(eqx.Module):
