@@ -19,13 +19,17 @@ from ._compare_rows import make_runs
 from ._compare_runs import Run
 from ._comparison import DonationComparison, ModeRow
 from ._donation import UnusableDonationWarning
-from ._memory import memory_figures, outputs_differ
+from ._memory import device_memory, memory_figures, outputs_differ
 from ._roles import is_ref
 
-__all__ = ["compare_donation", "quiet_donation_warnings"]
+__all__ = ["compare_donation", "compare", "quiet_donation_warnings", "calls_per_round", "settle_calls", "time_range"]
 
-_TARGET_ROUND = 0.05  # seconds: without `calls`, a round is about this long
+_TARGET_ROUND = 0.2  # seconds: without `calls`, a round is about this long
+_MIN_CALLS = 1
 _MAX_CALLS = 1000
+_SETTLE = 0.5  # seconds of untimed calls per mode before its rounds
+_MIN_SETTLE = 3
+_UNSTEADY = 1.10  # a row whose rounds' slowest is more than this times its fastest is flagged
 
 
 @contextlib.contextmanager
@@ -103,10 +107,21 @@ def compare_donation(
         print(comparison)
         ```
     """
+    return compare(step, args, kwargs, modes=modes, rounds=rounds, calls=calls, feed=feed,
+                   baselines=tuple(baselines), progress=progress)
+
+
+def compare(
+    step: Any, args: tuple, kwargs: dict, *, modes: Any = None, rounds: int = 10, calls: int | None = None,
+    feed: Callable | None = None, baselines: tuple = (), progress: bool | None = None,
+    between_rounds: Callable[[int], None] | None = None,
+) -> DonationComparison:
+    """`compare_donation`'s body; `between_rounds(r)`, where given, runs after
+    timed round `r` (a benchmark's own loop, interleaved with the rounds)."""
     if rounds < 1 or (calls is not None and calls < 1):
         raise ValueError(f"compare_donation: rounds and calls are positive, got rounds={rounds}, calls={calls}.")
     name = getattr(step, "name", None) or getattr(step, "__qualname__", None) or type(step).__name__
-    runs = make_runs(step, args, kwargs, modes, feed, tuple(baselines))
+    runs = make_runs(step, args, kwargs, modes, feed, baselines)
     with quiet_donation_warnings():
         # A cold call thrown away first: no row pays JAX's one-time costs (the
         # first use of a primitive's lowering, say) for the others.
@@ -121,8 +136,17 @@ def compare_donation(
                 seconds = _guarded(run, lambda r=run: r.warm(1))
                 if seconds is not None:
                     estimate = seconds if estimate is None else min(estimate, seconds)
+        settle = settle_calls(estimate)
+        settled = None
+        for run in _ok(runs):  # each mode's allocator settles before it is timed
+            seconds = _guarded(run, lambda r=run: r.warm(settle))
+            if seconds is not None:
+                settled = seconds / settle if settled is None else min(settled, seconds / settle)
         if calls is None:
-            calls = max(1, min(_MAX_CALLS, math.ceil(_TARGET_ROUND / max(estimate or _TARGET_ROUND, 1e-7))))
+            calls = calls_per_round(settled or estimate)
+        if device_memory() is not None:  # each mode's own peak, on a device that reports one
+            for run in _ok(runs):
+                _guarded(run, lambda r=run: r.own_peak(min(max(calls, 5), 20), _figures(r).get("peak_bytes")))
         bar = _Progress(rounds, name, sys.stderr.isatty() if progress is None else progress)
         for r in range(rounds):
             order = _ok(runs)
@@ -132,10 +156,28 @@ def compare_donation(
                 seconds = _guarded(run, lambda run=run, sets=sets: run.timed(sets))
                 if seconds is not None:
                     run.times.append(seconds / calls)
+            if between_rounds is not None:
+                between_rounds(r)
             bar.step(r + 1)
         bar.close()
         rows, devices = _rows(runs)
     return DonationComparison(name, tuple(rows), rounds, calls, devices > 1, devices, runs[0].feeding.describe())
+
+
+def calls_per_round(estimate: float | None) -> int:
+    """Warm calls per timed round, from one call's time: about `_TARGET_ROUND`
+    seconds, at least `_MIN_CALLS`."""
+    return max(_MIN_CALLS, min(_MAX_CALLS, math.ceil(_TARGET_ROUND / max(estimate or _TARGET_ROUND, 1e-7))))
+
+
+def settle_calls(estimate: float | None) -> int:
+    """Untimed calls per mode before its timed rounds: about `_SETTLE` seconds,
+    at least `_MIN_SETTLE` calls. A step that allocates its whole state anew
+    every call runs slower while the allocator takes fresh memory from the
+    system (the donation guide, "Reading a time"): a loop's first calls are not
+    what the rest of it sees. The settled calls also time a call better than
+    the first ones do, for the rounds' length."""
+    return max(_MIN_SETTLE, min(_MAX_CALLS, math.ceil(_SETTLE / max(estimate or _SETTLE, 1e-7))))
 
 
 def _ok(runs: list[Run]) -> list[Run]:
@@ -150,6 +192,34 @@ def _guarded(run: Run, work: Callable) -> Any:
         return None
 
 
+def _figures(run: Run) -> dict:
+    """The row's memory figures from its compiled step (`_memory.memory_figures`)
+    and its unusable paths, made once, on a call's worth of live inputs."""
+    if run.figures is None:
+        try:
+            call, args, kwargs = run.live_inputs()
+            figures = memory_figures(run.lower(call, args, kwargs))
+            figures["unusable"] = run.report(call, args, kwargs)
+        except Exception as e:  # figures are extras: a step that ran keeps its timings
+            figures = {"peak_source": f"unavailable ({type(e).__name__}: {e})"}
+        run.figures = figures
+    return run.figures
+
+
+def time_range(times: Any) -> tuple[float, float] | None:
+    """The range a row reports: the fastest and the slowest of its rounds'
+    per-call times (each round a loop of pipelined calls with outputs fed back,
+    after the mode has settled)."""
+    times = np.asarray(times, dtype=float)
+    return (float(times.min()), float(times.max())) if times.size else None
+
+
+def unsteady(seconds_range: tuple[float, float] | None) -> bool:
+    """Whether a row's rounds disagree by more than 10 %: its slowest round is
+    more than `_UNSTEADY` times its fastest."""
+    return seconds_range is not None and seconds_range[1] > _UNSTEADY * seconds_range[0]
+
+
 def _rows(runs: list[Run]) -> tuple[list[ModeRow], int]:
     reference = next((_result(r) for r in runs if r.error is None), None)
     rows, devices = [], 1
@@ -157,23 +227,18 @@ def _rows(runs: list[Run]) -> tuple[list[ModeRow], int]:
         if run.error is not None:
             rows.append(ModeRow(run.label, run.modes, error=run.error))
             continue
-        figures: dict = {}
-        unusable = None
-        try:
-            call, args, kwargs = run.live_inputs()
-            figures = memory_figures(run.lower(call, args, kwargs))
-            unusable = run.report(call, args, kwargs)
-        except Exception as e:  # figures are extras: a step that ran keeps its timings
-            figures = {"peak_source": f"unavailable ({type(e).__name__}: {e})"}
+        figures = dict(_figures(run))
+        unusable = figures.pop("unusable", None)
         devices = max(devices, figures.pop("devices", 1))
         same, difference = outputs_differ(_result(run), reference)
         times = np.asarray(run.times)
+        spread = time_range(times)
         rows.append(ModeRow(
             run.label, run.modes,
             seconds_per_call=float(np.median(times)) if times.size else None,
             seconds_iqr=float(np.subtract(*np.percentile(times, [75, 25]))) if times.size else None,
             first_call_seconds=run.first, unusable=unusable, same_result=same, max_difference=difference,
-            device_peak_bytes=run.device_peak, **figures,
+            device_peak_bytes=run.device_peak, seconds_range=spread, unsteady=unsteady(spread), **figures,
         ))
     return rows, devices
 

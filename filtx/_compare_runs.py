@@ -8,12 +8,12 @@ round-robin; the `donation_benchmark` fixture times one with pytest-benchmark.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import jax
 import numpy as np
 
-from ._memory import block, device_peak, fresh, fresh_tree, in_flight_window, is_deleted
+from ._memory import OwnPeak, block, fresh, fresh_tree, in_flight_window, is_deleted
 from ._roles import is_array, is_ref
 
 __all__ = ["Run", "Feeding", "WHOLE"]
@@ -95,7 +95,9 @@ class Run:
         self.error: str | None = None
         self.times: list[float] = []
         self.first: float | None = None
-        self.device_peak: int | None = None
+        self.device_peak: int | None = None  # `own_peak`'s figure
+        self.device_peak_why: str | None = None
+        self.figures: dict | None = None  # the compiled step's memory figures, made once (`_compare._figures`)
         self.out = None
         self.renew_fun = self.renew_kwargs = None  # masks of the leaves a call deletes (donates)
         self.renew_held: list = []
@@ -108,7 +110,6 @@ class Run:
         fun0, args0, kwargs0 = self.originals
         self.fun_tree = fresh_tree(fun0)
         args, kwargs = fresh_tree(args0), fresh_tree(kwargs0)
-        before = device_peak()
         try:
             t0 = time.perf_counter()
             self.out = out = self.bind(self.fun_tree)(*args, **kwargs)
@@ -122,8 +123,27 @@ class Run:
         self.renew_fun, self.renew_kwargs = _deleted_mask(self.fun_tree), _deleted_mask(kwargs)
         self.renew_held = [_deleted_mask(args[i]) for i in self.feeding.held]
         self.args = self._next_args(args, out, None, check=True)
-        self.device_peak = device_peak(above=before)
         self.window = in_flight_window(out)
+
+    def own_peak(self, calls: int, expected: int | None = None) -> None:
+        """The device memory a loop of this mode alone holds at its peak
+        (`OwnPeak`): `calls` calls on its own copies of the arguments, outputs
+        fed back, each call's held arguments copied just before it (as a loop
+        gets its next batch), pipelined, one block at the end. The row's timed
+        chain is left as it was."""
+        saved = self.fun_tree, self.args, self.kwargs, self.out
+        try:
+            with OwnPeak(expected) as meter:
+                fun0, args0, kwargs0 = self.originals
+                self.fun_tree = fresh_tree(fun0)
+                args, self.kwargs = fresh_tree(args0), fresh_tree(kwargs0)
+                self.out = self.bind(self.fun_tree)(*args, **self.kwargs)
+                self.args = self._next_args(args, self.out, None, check=False)
+                del args  # as a loop rebinds its model and state: the first copies go
+                self.timed(self._one_set() for _ in range(calls))
+            self.device_peak, self.device_peak_why = meter.bytes, meter.why
+        finally:
+            self.fun_tree, self.args, self.kwargs, self.out = saved
 
     def warm(self, calls: int = 1) -> float:
         """`calls` untimed pipelined calls; their time."""
@@ -135,23 +155,24 @@ class Run:
         """Fresh copies, outside the timed region, for every call of a round:
         of the function's pytree, the held arguments and keyword arguments this
         mode donates (and deletes); the same objects where it does not."""
-        fun0, args0, kwargs0 = self.originals
-        held = self.feeding.held
-        sets = []
-        for _ in range(calls):
-            fun = _renew(fun0, self.fun_tree, self.renew_fun)
-            tail = tuple(_renew(args0[i], self.args[i], m) for i, m in zip(held, self.renew_held))
-            kwargs = _renew(kwargs0, self.kwargs, self.renew_kwargs)
-            fix = None
-            if self.fix:
-                leaves = jax.tree_util.tree_leaves(args0)
-                fix = {p: fresh_tree(leaves[p]) for p in self.fix}
-            sets.append((self.bind(fun), tail, kwargs, fix))
+        sets = [self._one_set() for _ in range(calls)]
         block(sets)
         return sets
 
-    def timed(self, sets: list[tuple]) -> float:
-        """The calls of one round, pipelined, with one block at the end."""
+    def _one_set(self) -> tuple:
+        fun0, args0, kwargs0 = self.originals
+        fun = _renew(fun0, self.fun_tree, self.renew_fun)
+        tail = tuple(_renew(args0[i], self.args[i], m) for i, m in zip(self.feeding.held, self.renew_held))
+        kwargs = _renew(kwargs0, self.kwargs, self.renew_kwargs)
+        fix = None
+        if self.fix:
+            leaves = jax.tree_util.tree_leaves(args0)
+            fix = {p: fresh_tree(leaves[p]) for p in self.fix}
+        return self.bind(fun), tail, kwargs, fix
+
+    def timed(self, sets: Iterable[tuple]) -> float:
+        """The calls of one round, pipelined, with one block at the end (`sets`
+        may be made as the calls go, by a generator)."""
         feeding = self.feeding
         feed, assemble = feeding.feed, feeding.assemble
         args, out, window = self.args, self.out, self.window

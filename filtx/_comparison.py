@@ -22,8 +22,15 @@ class ModeRow:
         (`"warn / arrays"`), or `"eqx donate='all'"` for an Equinox baseline;
         `modes`: their names, a tuple.
     - `seconds_per_call`: the median over rounds of a warm call's time (each
-        round is `calls` pipelined calls with one block); `seconds_iqr`: the
-        interquartile range of those per-call times.
+        round is `calls` pipelined calls with outputs fed back and one block,
+        after the mode has run untimed long enough for its allocator to
+        settle); `seconds_iqr`: the interquartile range of those per-call times;
+        `seconds_range`: the fastest and the slowest round, `(low, high)`: where
+        a loop of this mode in this process lands, as far as the rounds saw.
+    - `unsteady`: the rounds disagree by more than 10 % (the slowest is over
+        1.1 times the fastest): read the time as the range, not the median. A
+        step that allocates its whole state anew every call (no donation) is
+        often unsteady on CPU; the donation guide says why.
     - `first_call_seconds`: a cold call (trace, compile, run), with nothing cached.
     - `peak_bytes`: the device memory the step needs while it runs, from the
         compiled executable's memory analysis (XLA's simulated heap peak);
@@ -38,8 +45,14 @@ class ModeRow:
     - `same_result`: every output leaf equals the first row's after the same
         calls (within `rtol=1e-6`); `max_difference`: the largest absolute
         difference seen.
-    - `device_peak_bytes`: the device's own high-water mark where it reports one
-        (accelerators) and this row raised it; `None` on CPU.
+    - `device_peak_bytes`: the device memory a loop of this mode alone holds at
+        its peak, measured by the device's allocator where it reports statistics
+        (GPU, TPU): a short loop of the mode on its own copies of the arguments,
+        outputs fed back, pipelined; its peak above what was in use before it
+        (the comparison fills the memory below the process's earlier high-water
+        mark first, so earlier modes do not count). It includes the loop's
+        arguments, as XLA's `peak_bytes` does. `None` on CPU, which reports no
+        statistics.
     - `error`: where the step failed in this mode, the error's type and message
         (the row's figures are then `None`).
 
@@ -73,6 +86,8 @@ class ModeRow:
     max_difference: float | None = None
     device_peak_bytes: int | None = None
     error: str | None = None
+    seconds_range: tuple[float, float] | None = None
+    unsteady: bool = False
 
 
 def format_bytes(n: int | None) -> str:
@@ -92,6 +107,15 @@ def _seconds(s: float | None) -> str:
     if s >= 1e-3:
         return f"{s * 1e3:.3g} ms"
     return f"{s * 1e6:.3g} us"
+
+
+def _span(span: tuple[float, float] | None) -> str:
+    """A range of times in one unit, the larger's: `1.02-1.31 ms`."""
+    if span is None:
+        return "-"
+    low, high = span
+    scale, unit = (1, "s") if high >= 1 else (1e3, "ms") if high >= 1e-3 else (1e6, "us")
+    return f"{low * scale:.3g}-{high * scale:.3g} {unit}"
 
 
 _BY = ("peak_bytes", "seconds_per_call")
@@ -152,23 +176,27 @@ class DonationComparison:
             d = dataclasses.asdict(row)
             d["modes"] = list(row.modes)
             d["unusable"] = None if row.unusable is None else list(row.unusable)
+            d["seconds_range"] = None if row.seconds_range is None else list(row.seconds_range)
             d["per_device"] = self.per_device
             out.append(d)
         return out
 
     def __str__(self) -> str:
-        header = ("mode", "time/call", "+-", "first call", "peak", "donated", "reused", "unusable", "same result")
+        device = any(r.device_peak_bytes is not None for r in self.rows)
+        header = ("mode", "time/call", "range", "first call", "peak") + (("device peak",) if device else ()) + (
+            "donated", "reused", "unusable", "same result")
         body = []
         for r in self.rows:
             if r.error is not None:
-                body.append((r.mode, "failed", "", "", "", "", "", "", ""))
+                body.append((r.mode, "failed") + ("",) * (len(header) - 2))
                 continue
             peak = format_bytes(r.peak_bytes) + ("*" if r.peak_source == "sum" else "")
             unusable = "?" if r.unusable is None else str(len(r.unusable))
             same = "yes" if r.same_result else f"no ({r.max_difference:.3g})" if r.max_difference is not None else "no"
             body.append((
-                r.mode, _seconds(r.seconds_per_call), _seconds(r.seconds_iqr), _seconds(r.first_call_seconds),
-                peak, format_bytes(r.donated_bytes), format_bytes(r.reused_bytes), unusable, same,
+                r.mode, _seconds(r.seconds_per_call) + (" !" if r.unsteady else ""), _span(r.seconds_range),
+                _seconds(r.first_call_seconds), peak) + ((format_bytes(r.device_peak_bytes),) if device else ()) + (
+                format_bytes(r.donated_bytes), format_bytes(r.reused_bytes), unusable, same,
             ))
         widths = [max(len(str(row[i])) for row in [header, *body]) for i in range(len(header))]
         line = lambda row: "  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip()  # noqa: E731
@@ -176,11 +204,18 @@ class DonationComparison:
         calls = f"{self.calls} call" + ("s" if self.calls != 1 else "")
         summary = f"{self.function}: {len(self.rows)} rows, {self.rounds} rounds of {calls}, round-robin{where}"
         notes = [f"fed back: {self.fed}"] if self.fed else []
+        if any(r.unsteady for r in self.rows):
+            notes.append(
+                "! its rounds disagree by more than 10 %: read the range, not the median (a busy machine, "
+                "or, without donation, the allocator's state moves a step's time: see the donation guide)"
+            )
         if any(r.peak_source == "sum" for r in self.rows):
             notes.append(
                 "* this backend reports no peak: arguments + outputs - aliased + temporaries, "
                 "which overstates a donating step's temporaries"
             )
+        if device:
+            notes.append("device peak: the allocator's peak over a loop of that mode alone, its arguments included")
         for r in self.rows:
             if r.error is not None:
                 notes.append(f"{r.mode}: failed: {r.error}")
@@ -188,8 +223,6 @@ class DonationComparison:
                 notes.append(f"{r.mode}: donated, not reused: {', '.join(r.unusable)}")
             if r.error is None and (r.peak_source or "").startswith("unavailable"):
                 notes.append(f"{r.mode}: memory figures {r.peak_source}")
-            if r.device_peak_bytes is not None:
-                notes.append(f"{r.mode}: the device's own peak: {format_bytes(r.device_peak_bytes)}")
         return "\n".join([summary, line(header), line(["-" * w for w in widths]), *map(line, body), *notes])
 
     def plot(self, path: Any = None) -> Any:
@@ -214,11 +247,15 @@ class DonationComparison:
         figure = Figure(figsize=(4 + 1.6 * len(rows), 3.6), layout="constrained")
         time_axes, memory_axes = figure.subplots(1, 2)
         ms = [(r.seconds_per_call or 0) * 1e3 for r in rows]
-        spread = [(r.seconds_iqr or 0) * 1e3 for r in rows]
-        time_axes.bar(labels, ms, yerr=spread, capsize=3, color="tab:blue")
+        low = [m - (r.seconds_range or (0, 0))[0] * 1e3 if r.seconds_range else 0 for m, r in zip(ms, rows)]
+        high = [(r.seconds_range or (0, 0))[1] * 1e3 - m if r.seconds_range else 0 for m, r in zip(ms, rows)]
+        time_axes.bar(labels, ms, yerr=[low, high], capsize=3, color="tab:blue")
         time_axes.set_ylabel("time per warm call (ms)")
-        time_axes.set_title("time (median, IQR)")
-        memory_axes.bar(labels, [(r.peak_bytes or 0) / 1e6 for r in rows], color="tab:orange")
+        time_axes.set_title("time (median, range of rounds)")
+        memory_axes.bar(labels, [(r.peak_bytes or 0) / 1e6 for r in rows], color="tab:orange", label="XLA")
+        if any(r.device_peak_bytes is not None for r in rows):
+            memory_axes.plot(labels, [(r.device_peak_bytes or 0) / 1e6 for r in rows], "kD", label="device")
+            memory_axes.legend()
         memory_axes.set_ylabel("peak device memory (MB)" + (", per device" if self.per_device else ""))
         memory_axes.set_title("peak memory (XLA)")
         for axes in (time_axes, memory_axes):

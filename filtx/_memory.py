@@ -1,7 +1,8 @@
 """What a donation comparison reads off arrays, devices and compiled steps:
 fresh copies (placed as the originals are), deleted buffers, how many steps may
-be in flight, the device's own peak, the memory a compiled step needs per
-device, and whether two results agree."""
+be in flight, the device allocator's own peak for one piece of work
+(`OwnPeak`), the memory a compiled step needs per device, and whether two
+results agree."""
 
 from __future__ import annotations
 
@@ -9,12 +10,13 @@ import math
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from ._roles import is_ref
 
 __all__ = [
-    "fresh", "fresh_tree", "is_deleted", "block", "in_flight_window", "device_peak",
+    "fresh", "fresh_tree", "is_deleted", "block", "in_flight_window", "device_memory", "OwnPeak",
     "memory_figures", "outputs_differ",
 ]
 
@@ -53,15 +55,76 @@ def in_flight_window(out: Any) -> int | None:
     return None
 
 
-def device_peak(above: int | None = None) -> int | None:
+def device_memory() -> dict | None:
+    """The allocator statistics of the first local device (`bytes_in_use`,
+    `peak_bytes_in_use`, `bytes_limit`, ...), or None where the device reports
+    none (CPU)."""
     try:
         stats = jax.local_devices()[0].memory_stats()
     except Exception:
         return None
-    peak = (stats or {}).get("peak_bytes_in_use")
-    if peak is None or (above is not None and peak <= above):
+    if not stats or "peak_bytes_in_use" not in stats or "bytes_in_use" not in stats:
         return None
-    return int(peak)
+    return stats
+
+
+class OwnPeak:
+    """The device memory a piece of work holds at its peak, whatever ran before
+    it in the process, on a device whose allocator reports statistics:
+
+        with OwnPeak(expected=xla_peak) as meter:
+            ...  # the work: a loop of one mode on its own copies of the arguments
+        meter.bytes  # its peak, or None (no statistics; see `meter.why`)
+
+    The allocator keeps one high-water mark (`peak_bytes_in_use`) for the life of
+    the process, with no reset, so a mode measured after a hungrier one would
+    read the earlier mode's peak. Before the work, the memory between what is in
+    use and that mark is filled with one array (the ballast); the work's own
+    peak is then how far the mark rises above what was in use before it, the
+    ballast included. What the work allocates itself (its copies of the
+    arguments) counts; what was already in use (the caller's arrays, the
+    comparison's other rows) does not.
+
+    Where the ballast plus `expected` bytes (XLA's figure for the work, with a
+    margin) would not fit under the device's `bytes_limit`, or the ballast
+    cannot be allocated, no ballast is laid and the figure is kept only where
+    the work raised the mark anyway."""
+
+    MARGIN = 1.5  # the ballast is laid only if the mark + MARGIN * expected fits the device
+
+    def __init__(self, expected: int | None = None, stats=device_memory):
+        self.expected, self.stats = expected, stats
+        self.bytes: int | None = None
+        self.why: str | None = None
+        self._ballast = None
+
+    def __enter__(self) -> "OwnPeak":
+        stats = self.stats()
+        if stats is None:
+            self.why = "the device reports no allocator statistics"
+            return self
+        gap = int(stats["peak_bytes_in_use"]) - int(stats["bytes_in_use"])
+        limit = stats.get("bytes_limit")
+        room = limit is None or stats["peak_bytes_in_use"] + self.MARGIN * (self.expected or 0) <= limit
+        if gap > 0 and room:
+            try:
+                self._ballast = block(jnp.zeros((gap,), np.uint8, device=jax.local_devices()[0]))
+            except Exception:  # no block that large is free: measured without one
+                self._ballast = None
+            stats = self.stats()
+        self._in_use, self._mark = int(stats["bytes_in_use"]), int(stats["peak_bytes_in_use"])
+        return self
+
+    def __exit__(self, kind, error, trace) -> None:
+        if self.why is not None or kind is not None:
+            self._ballast = None
+            return
+        peak = int(self.stats()["peak_bytes_in_use"])
+        self._ballast = None
+        if peak > self._mark or self._in_use >= self._mark:
+            self.bytes = peak - self._in_use
+        else:
+            self.why = "it stayed below the process's earlier high-water mark (no room for the ballast)"
 
 
 def memory_figures(compiled: Any) -> dict[str, Any]:

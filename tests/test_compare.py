@@ -247,3 +247,89 @@ def test_as_dicts_plot_and_a_missing_matplotlib(tmp_path, monkeypatch):
         comparison.plot()
     with pytest.raises(ValueError, match="best"):
         comparison.best(by="loss")
+
+
+class _FakeAllocator:
+    """A device allocator's statistics as a GPU reports them, on CPU: bytes in use
+    are the live arrays' bytes; the high-water mark moves only when read, and is
+    never reset (as `peak_bytes_in_use` is not)."""
+
+    def __init__(self, limit=None):
+        self.mark, self.limit = 0, limit
+
+    def __call__(self):
+        in_use = sum(x.nbytes for x in jax.live_arrays() if not x.is_deleted())
+        self.mark = max(self.mark, in_use)
+        stats = {"bytes_in_use": in_use, "peak_bytes_in_use": self.mark}
+        if self.limit is not None:
+            stats["bytes_limit"] = self.limit
+        return stats
+
+
+def test_own_peak_is_the_works_own_whatever_the_process_held_before():
+    from filtx._memory import OwnPeak
+
+    stats = _FakeAllocator()
+    big = jnp.ones(1 << 20)  # 4 MB: the process's high-water mark, then freed
+    stats()
+    del big
+    with OwnPeak(stats=stats) as meter:
+        work = jnp.ones(1 << 16) + 1.0  # 256 kB held by the work itself
+        stats()
+    assert meter.bytes is not None and abs(meter.bytes - work.nbytes) <= 1024, meter.bytes
+    # Without room under the device's limit for the ballast, work that stays
+    # below the earlier mark has no figure, and says why.
+    stats = _FakeAllocator(limit=1)
+    stats.mark = 1 << 30
+    with OwnPeak(expected=1 << 16, stats=stats) as meter:
+        work = jnp.ones(1 << 16) + 1.0
+        stats()
+    assert meter.bytes is None and "high-water mark" in meter.why
+    with OwnPeak(stats=lambda: None) as meter:
+        pass
+    assert meter.bytes is None and "no allocator statistics" in meter.why
+
+
+def test_device_peak_per_mode_on_a_device_with_allocator_statistics(monkeypatch):
+    """Each row's device peak is its own loop's (its copies of the arguments
+    included), not the process's high-water mark: a mode measured after a
+    hungrier one still reads less."""
+    from filtx import _compare, _memory
+
+    fake = _FakeAllocator()
+    monkeypatch.setattr(_memory, "device_memory", fake)
+    monkeypatch.setattr(_compare, "device_memory", fake)
+    monkeypatch.setattr(_memory.OwnPeak.__init__, "__defaults__", (None, fake))
+    params, momentum, batch = state()
+    state_bytes = 4 * N * 4
+    comparison = filtx.compare_donation(momentum_sgd, params, momentum, batch, rounds=1, calls=2)
+    none, arrays = comparison.rows
+    assert none.device_peak_bytes is not None and arrays.device_peak_bytes is not None
+    # the fake sees the live arrays between calls: the copies of the state, and
+    # for "none" a second state at the moment a call's outputs exist beside its inputs
+    assert state_bytes <= arrays.device_peak_bytes < none.device_peak_bytes <= 2 * state_bytes + 1024
+    assert none.device_peak_bytes < fake.mark  # not the process's mark
+    text = str(comparison)
+    assert "device peak" in text and "the device's own peak" not in text
+    assert comparison.as_dicts()[0]["device_peak_bytes"] == none.device_peak_bytes
+
+
+def test_time_range_flag_and_round_lengths():
+    from filtx._compare import calls_per_round, settle_calls, time_range, unsteady
+
+    assert time_range([3.0, 1.0, 2.0]) == (1.0, 3.0) and time_range([]) is None
+    assert not unsteady((1.0, 1.1)) and unsteady((1.0, 1.11)) and not unsteady(None)
+    assert calls_per_round(None) >= 1 and calls_per_round(1e-9) == 1000 and calls_per_round(10.0) == 1
+    assert settle_calls(10.0) == 3 and settle_calls(1e-3) >= 100
+
+
+def test_rows_carry_their_range_in_the_table_dicts_and_plot(tmp_path):
+    comparison = filtx.compare_donation(momentum_sgd, *state(), rounds=3, calls=2)
+    for row, d in zip(comparison.rows, comparison.as_dicts()):
+        low, high = row.seconds_range
+        assert low <= row.seconds_per_call <= high and d["seconds_range"] == [low, high]
+        assert row.unsteady == (high > 1.1 * low) and d["unsteady"] == row.unsteady
+    flagged = ModeRow("none", ("none",), 2e-3, 1e-4, 0.1, same_result=True, seconds_range=(1e-3, 3e-3), unsteady=True)
+    text = str(DonationComparison("f", (flagged,), 3, 2))
+    assert "2 ms !" in text and "1-3 ms" in text and "read the range" in text
+    comparison.plot(tmp_path / "p.png")

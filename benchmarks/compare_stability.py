@@ -1,0 +1,306 @@
+"""Does one run of `filtx.compare_donation` say what a training loop sees?
+
+For an `eqx.nn.MLP` of width 1024 trained with `optax.adam` (4, 64 and 256 MB of
+parameters, three times that with Adam's moments; batch 64), each run is a
+fresh process that runs the comparison with its defaults (modes `"none"` and
+`"arrays"`) and, interleaved with its timed rounds (after every second round),
+a hand-written loop of the same step under `filtx.filter_jit(donate=mode)`:
+fresh copies of the model and the state, 30 steps with both fed back (a fresh
+copy of the batch per step where the mode donates it, made beforehand), one
+block at the end, the modes alternating, 5 rounds; the loop's figure is the
+median of its rounds.
+
+    python benchmarks/compare_stability.py                 # 5 runs at 4, 64 and 256 MB
+    python benchmarks/compare_stability.py --runs 3 --sizes 4,64
+
+The issue's targets, per size and mode, over the runs: the loop's figure lies
+inside the row's `seconds_range` in every run; the range is no wider than the
+spread of the loop's figure across the runs plus 10 % of its median; the row's
+median is within 10 % of the loop's in all runs but one; and where the loop's
+arrays/none ratio differs from 1 by more than 10 %, the comparison's is on the
+same side of 1. The script prints a table per size and the verdicts.
+
+Where the device reports allocator statistics (GPU, TPU), each run also
+measures, in a fresh process per mode, the allocator's peak over a 20-step loop
+of that mode alone (its rise above what was in use before the loop's copies
+were made), and the table puts it beside the row's `device_peak_bytes` and
+XLA's `peak_bytes`; the target is within 5 %.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+WIDTH, BATCH, STEPS, HAND_ROUNDS = 1024, 64, 30, 5
+MODES = ("none", "arrays")
+
+
+def _setup(mb: float):
+    import equinox as eqx
+    import jax
+    import jax.numpy as jnp
+    import optax
+    from _support import models
+
+    # depth + 1 layers of WIDTH x WIDTH float32 weights (4 MiB each) and biases
+    depth = max(0, round(mb * 2**20 / (4 * (WIDTH * WIDTH + WIDTH))) - 1)
+    model = eqx.nn.MLP(WIDTH, WIDTH, WIDTH, depth, key=jax.random.key(0))
+    optim = optax.adam(1e-4)
+    opt_state = optim.init(eqx.filter(model, eqx.is_inexact_array))
+    (x, y), *_ = models.regression_batches(1, BATCH, WIDTH, WIDTH)
+    x, y = jnp.asarray(x), jnp.asarray(y)
+    jax.block_until_ready((model, opt_state, x, y))
+    params = sum(a.nbytes for a in jax.tree_util.tree_leaves(eqx.filter(model, eqx.is_array)))
+    return models.make_train_step(optim), model, opt_state, x, y, params
+
+
+def _copy(tree):
+    import jax
+
+    return jax.tree_util.tree_map(lambda a: a.copy() if isinstance(a, jax.Array) else a, tree)
+
+
+def worker(mb: float) -> dict:
+    """One fresh process: the comparison with its defaults, a hand loop interleaved."""
+    import jax
+
+    import filtx
+    from filtx import _compare
+    from filtx._compare import compare
+
+    raw: list = []  # every row's round figures, in row order, as the comparison's range reads them
+    time_range = _compare.time_range
+    _compare.time_range = lambda times: (raw.append([float(t) for t in times]), time_range(times))[1]
+    train_step, model, opt_state, x, y, params = _setup(mb)
+    hand = {mode: filtx.filter_jit(train_step, donate=mode) for mode in MODES}
+    for mode, wrapper in hand.items():  # compiled before the comparison starts
+        m, s, *_ = wrapper(_copy(model), _copy(opt_state), x.copy(), y.copy())
+        jax.block_until_ready(wrapper(m, s, x.copy(), y.copy()))
+    loop: dict = {mode: [] for mode in MODES}
+    spent = [0.0]
+
+    def hand_round(r: int) -> None:
+        if r % 2 == 0:
+            return
+        begin = time.perf_counter()
+        for mode in MODES if (r // 2) % 2 == 0 else MODES[::-1]:
+            donates = mode != "none"
+            batches = [(x.copy(), y.copy()) if donates else (x, y) for _ in range(STEPS)]
+            m, s = _copy(model), _copy(opt_state)
+            jax.block_until_ready((m, s, batches))
+            t0 = time.perf_counter()
+            for bx, by in batches:
+                m, s, _ = hand[mode](m, s, bx, by)
+            jax.block_until_ready((m, s))
+            loop[mode].append((time.perf_counter() - t0) / STEPS)
+            del m, s, batches
+        spent[0] += time.perf_counter() - begin
+
+    begin = time.perf_counter()
+    comparison = compare(filtx.filter_jit(train_step), (model, opt_state, x, y), {}, modes=list(MODES),
+                         between_rounds=hand_round)
+    wall = time.perf_counter() - begin - spent[0]
+    print(comparison, file=sys.stderr)
+    rows = {}
+    for row, rounds in zip(comparison.rows, raw):
+        rows[row.mode] = {
+            "rounds": rounds, "iqr": row.seconds_iqr,
+            "median": row.seconds_per_call, "range": row.seconds_range, "unsteady": row.unsteady,
+            "peak": row.peak_bytes, "device_peak": row.device_peak_bytes,
+            "loop": statistics.median(loop[row.mode]), "loop_rounds": loop[row.mode],
+        }
+    return {"mb": mb, "param_bytes": params, "wall": wall, "calls": comparison.calls, "rows": rows,
+            "device": str(jax.devices()[0].device_kind), "jax": jax.__version__}
+
+
+def alone_worker(mb: float, mode: str) -> dict:
+    """One fresh process: a 20-step loop of one mode alone; the allocator's peak
+    over it above what was in use before its copies were made."""
+    import jax
+
+    import filtx
+
+    train_step, model, opt_state, x, y, _ = _setup(mb)
+    wrapper = filtx.filter_jit(train_step, donate=mode)
+    jax.block_until_ready(wrapper.lower(model, opt_state, x, y).compile())  # compiled outside the loop
+    device = jax.local_devices()[0]
+    stats = device.memory_stats()
+    if not stats:
+        return {"mode": mode, "loop_peak": None}
+    before = stats["bytes_in_use"]
+    m, s = _copy(model), _copy(opt_state)
+    for _ in range(20):
+        bx, by = (x.copy(), y.copy()) if mode != "none" else (x, y)
+        m, s, _ = wrapper(m, s, bx, by)
+    jax.block_until_ready((m, s))
+    after = device.memory_stats()
+    return {"mode": mode, "loop_peak": after["peak_bytes_in_use"] - before, "mark_before": stats["peak_bytes_in_use"] - before}
+
+
+def probe_worker(mb: float, variant: str) -> dict:
+    """One fresh process: one variant of a 20-step loop, for why the allocator's
+    peak and XLA's differ under donation (`--why`): `arrays` (pipelined, a fresh
+    batch per step), `arrays-blocked` (a block after every step: no call in
+    flight), `arrays-kept-batch` (the batch traced, not donated), `eqx-all`
+    (`eqx.filter_jit(donate="all")`), `none`; with XLA's figures of the step."""
+    import equinox as eqx
+    import jax
+
+    import filtx
+
+    train_step, model, opt_state, x, y, _ = _setup(mb)
+    if variant == "eqx-all":
+        wrapper = eqx.filter_jit(train_step, donate="all")
+    elif variant == "arrays-kept-batch":
+        wrapper = filtx.filter_jit(train_step, donate="arrays", specs={"x": filtx.traced, "y": filtx.traced})
+    else:
+        wrapper = filtx.filter_jit(train_step, donate="none" if variant == "none" else "arrays")
+    compiled = wrapper.lower(model, opt_state, x, y).compile()
+    while hasattr(compiled, "compiled"):  # Equinox's and filtx's compiled objects hold JAX's
+        compiled = compiled.compiled
+    analysis = compiled.memory_analysis()
+    figures = {k: int(getattr(analysis, k)) for k in (
+        "argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes", "temp_size_in_bytes",
+        "peak_memory_in_bytes", "generated_code_size_in_bytes") if hasattr(analysis, k)}
+    device = jax.local_devices()[0]
+    m, s = _copy(model), _copy(opt_state)
+    m, s, _ = wrapper(m, s, x.copy(), y.copy())  # compiled; its peak is the compile's, read below
+    jax.block_until_ready((m, s))
+    del m, s
+    stats = device.memory_stats()
+    if not stats:
+        return {"variant": variant, **figures}
+    before, mark = stats["bytes_in_use"], stats["peak_bytes_in_use"]
+    m, s = _copy(model), _copy(opt_state)
+    for _ in range(20):
+        bx, by = (x, y) if variant in ("none", "arrays-kept-batch") else (x.copy(), y.copy())
+        m, s, _ = wrapper(m, s, bx, by)
+        if variant == "arrays-blocked":
+            jax.block_until_ready((m, s))
+    jax.block_until_ready((m, s))
+    after = device.memory_stats()
+    return {"variant": variant, "loop_peak": after["peak_bytes_in_use"] - before,
+            "mark_above_before": mark - before, **figures}
+
+
+def why(mb: float) -> None:
+    for variant in ("none", "arrays", "arrays-blocked", "arrays-kept-batch", "eqx-all"):
+        got = _run(["--probe", str(mb), variant], f"probe {variant}", timeout=300)
+        print(json.dumps(got), flush=True)
+
+
+def _run(args: list[str], what: str, timeout: float) -> dict:
+    from filtx.demo import measure
+
+    (out,) = measure.run_json_worker([sys.executable, os.path.abspath(__file__), *args], what=what, timeout=timeout)
+    return out
+
+
+def verdicts(runs: list[dict]) -> tuple[list[str], dict]:
+    """The issue's four checks over one size's runs, per mode."""
+    lines, ok = [], {}
+    for mode in MODES:
+        loops = [r["rows"][mode]["loop"] for r in runs]
+        allowed = (max(loops) - min(loops)) + 0.1 * statistics.median(loops)
+        inside = sum(r["rows"][mode]["range"][0] <= r["rows"][mode]["loop"] <= r["rows"][mode]["range"][1] for r in runs)
+        width = max(r["rows"][mode]["range"][1] - r["rows"][mode]["range"][0] for r in runs)
+        close = sum(abs(r["rows"][mode]["median"] / r["rows"][mode]["loop"] - 1) <= 0.1 for r in runs)
+        ok[mode] = inside == len(runs) and width <= allowed and close >= len(runs) - 1
+        lines.append(
+            f"{mode}: loop inside the range in {inside}/{len(runs)} runs; widest range {width * 1e3:.2f} ms, "
+            f"allowed {allowed * 1e3:.2f} ms; median within 10 % of the loop's in {close}/{len(runs)}"
+        )
+    agree = 0
+    decided = 0
+    for r in runs:
+        loop_ratio = r["rows"]["arrays"]["loop"] / r["rows"]["none"]["loop"]
+        ours = r["rows"]["arrays"]["median"] / r["rows"]["none"]["median"]
+        if abs(loop_ratio - 1) > 0.1:
+            decided += 1
+            agree += (loop_ratio < 1) == (ours < 1)
+    ok["direction"] = agree == decided
+    lines.append(f"arrays/none: the comparison's direction agrees with the loop's in {agree}/{decided} runs where it is clear")
+    return lines, ok
+
+
+def table(runs: list[dict]) -> list[str]:
+    ms = lambda s: f"{s * 1e3:.2f}"  # noqa: E731
+    out = [
+        "| run | mode | loop ms/step | comparison median | range | flagged | median / loop | arrays/none loop | arrays/none comparison | default run s |",
+        "|---:|---|---:|---:|---|---|---:|---:|---:|---:|",
+    ]
+    for i, r in enumerate(runs, 1):
+        loop_ratio = r["rows"]["arrays"]["loop"] / r["rows"]["none"]["loop"]
+        ours = r["rows"]["arrays"]["median"] / r["rows"]["none"]["median"]
+        for mode in MODES:
+            row = r["rows"][mode]
+            lo, hi = row["range"]
+            out.append(
+                f"| {i} | {mode} | {ms(row['loop'])} | {ms(row['median'])} | {ms(lo)}-{ms(hi)} | "
+                f"{'yes' if row['unsteady'] else 'no'} | {row['median'] / row['loop']:.3f} | "
+                f"{loop_ratio:.3f} | {ours:.3f} | {r['wall']:.1f} |"
+            )
+    return out
+
+
+def memory_table(runs: list[dict], alone: dict) -> list[str]:
+    mib = lambda b: "-" if b is None else f"{b / 2**20:.1f}"  # noqa: E731
+    out = ["| run | mode | XLA peak MiB | comparison device peak MiB | loop alone MiB | device / loop |", "|---:|---|---:|---:|---:|---:|"]
+    for i, r in enumerate(runs, 1):
+        for mode in MODES:
+            row, loop = r["rows"][mode], alone.get(mode)
+            ratio = "-" if not (row["device_peak"] and loop) else f"{row['device_peak'] / loop:.3f}"
+            out.append(f"| {i} | {mode} | {mib(row['peak'])} | {mib(row['device_peak'])} | {mib(loop)} | {ratio} |")
+    return out
+
+
+def main(runs: int, sizes: list[float]) -> None:
+    results = {}
+    for mb in sizes:
+        got = [_run(["--worker", str(mb)], f"compare_stability {mb} MB, run {i + 1}", timeout=900) for i in range(runs)]
+        alone = {}
+        if any(r["rows"]["none"]["device_peak"] is not None for r in got):
+            for mode in MODES:
+                alone[mode] = _run(["--alone", str(mb), mode], f"loop alone {mb} MB {mode}", timeout=600)["loop_peak"]
+        first = got[0]
+        print(f"\n## {first['param_bytes'] / 2**20:.0f} MiB of parameters ({first['device']}, JAX {first['jax']}, "
+              f"{first['calls']} calls a round)\n")
+        print("\n".join(table(got)))
+        if alone:
+            print()
+            print("\n".join(memory_table(got, alone)))
+        lines, ok = verdicts(got)
+        print()
+        print("\n".join(f"- {line}" for line in lines))
+        print(f"- met: {all(ok.values())} ({', '.join(k for k, v in ok.items() if not v) or 'every check'}"
+              f"{'' if all(ok.values()) else ' not met'})", flush=True)
+        results[mb] = {"runs": got, "alone": alone}
+    out = os.environ.get("COMPARE_STABILITY_JSON")
+    if out:
+        with open(out, "w") as f:
+            json.dump(results, f)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--worker":
+        print(json.dumps(worker(float(sys.argv[2]))), flush=True)
+    elif len(sys.argv) == 4 and sys.argv[1] == "--probe":
+        print(json.dumps(probe_worker(float(sys.argv[2]), sys.argv[3])), flush=True)
+    elif len(sys.argv) == 3 and sys.argv[1] == "--why":
+        why(float(sys.argv[2]))
+    elif len(sys.argv) == 4 and sys.argv[1] == "--alone":
+        print(json.dumps(alone_worker(float(sys.argv[2]), sys.argv[3])), flush=True)
+    else:
+        parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+        parser.add_argument("--runs", type=int, default=5)
+        parser.add_argument("--sizes", default="4,64,256")
+        ns = parser.parse_args()
+        main(ns.runs, [float(s) for s in ns.sizes.split(",")])
