@@ -39,7 +39,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-WIDTH, BATCH, STEPS, HAND_ROUNDS = 1024, 64, 30, 5
+WIDTH = int(os.environ.get("COMPARE_WIDTH", 1024))  # 2048: the GPU model
+BATCH, STEPS, HAND_ROUNDS = 64, 30, 5
 MODES = ("none", "arrays")
 
 
