@@ -6,13 +6,11 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from ._compare import quiet_donation_warnings
+from ._compare import calls_per_round, own_peak_calls, quiet_donation_warnings, settle_calls, time_range, unsteady
 from ._compare_rows import make_runs
-from ._memory import memory_figures
+from ._memory import device_memory, memory_figures
 
 __all__ = ["DonationBenchmark"]
-
-_TARGET_ROUND = 0.05
 
 
 class DonationBenchmark:
@@ -34,8 +32,10 @@ class DonationBenchmark:
                 raise RuntimeError(f"donation_benchmark, mode {run.label}: the step failed: {run.error}")
             run.warm(1)
             estimate = run.warm(1)
+            settle = settle_calls(estimate) if calls is None else max(3, calls)  # as in compare_donation
+            settled = run.warm(settle) / settle
             if calls is None:
-                calls = max(1, min(1000, math.ceil(_TARGET_ROUND / max(estimate, 1e-7))))
+                calls = calls_per_round(settled)
             info = benchmark.extra_info
             info.update(mode=run.label, calls_per_round=calls, first_call_seconds=run.first)
             timer = getattr(benchmark, "_timer", None)
@@ -43,10 +43,23 @@ class DonationBenchmark:
                 benchmark._timer = lambda: timer() / calls
             else:  # pragma: no cover - a pytest-benchmark without `_timer`: stats per round
                 info["stats_per"] = "round"
-            benchmark.pedantic(run.timed, setup=lambda: ((run.prepare(calls),), {}), rounds=rounds, iterations=1)
+            times: list[float] = []  # per call, round by round: the row's range, as compare_donation's
+
+            def timed(sets: list) -> float:
+                seconds = run.timed(sets)
+                times.append(seconds / calls)
+                return seconds
+
+            benchmark.pedantic(timed, setup=lambda: ((run.prepare(calls),), {}), rounds=rounds, iterations=1)
+            spread = time_range(times)
+            info.update(seconds_range=list(spread), unsteady=unsteady(spread))
             call, live_args, live_kwargs = run.live_inputs()
             figures = memory_figures(run.lower(call, live_args, live_kwargs))
             unusable = run.report(call, live_args, live_kwargs)
+            if device_memory() is not None:  # this mode's own peak, on a device that reports one
+                run.own_peak(own_peak_calls(calls), figures.get("peak_bytes"))
+                if run.device_peak is not None:
+                    info["device_peak_bytes"] = run.device_peak
         devices = figures.pop("devices", 1)
         info.update({k: v for k, v in figures.items() if v is not None})
         if devices > 1:

@@ -22,7 +22,7 @@ from ._donation import UnusableDonationWarning
 from ._memory import device_memory, memory_figures, outputs_differ
 from ._roles import is_ref
 
-__all__ = ["compare_donation", "compare", "quiet_donation_warnings", "calls_per_round", "settle_calls", "time_range"]
+__all__ = ["compare_donation", "compare", "quiet_donation_warnings", "calls_per_round", "settle_calls", "own_peak_calls", "unsteady", "time_range"]
 
 _TARGET_ROUND = 0.2  # seconds: without `calls`, a round is about this long
 _MIN_CALLS = 1
@@ -64,7 +64,9 @@ def compare_donation(
         exactly the same leaves share a row (`"warn / arrays"`).
     - `rounds`: timed rounds per mode, modes interleaved round-robin.
     - `calls`: warm calls per round, pipelined, one block at the end (default:
-        about 50 ms a round, from 1 to 1000 calls).
+        about 0.2 s a round, from 1 to 1000 calls). Before its rounds, each mode
+        runs untimed so that its allocator settles: about 0.5 s (at least 3
+        calls), or `calls` calls where given.
     - `feed`: `feed(args, out) -> next positional args`: how an output becomes the
         next call's arguments. By default the whole output replaces `args[0]`
         where it has its structure and abstract values; else each output item
@@ -81,8 +83,10 @@ def compare_donation(
     **Returns:**
 
     A `filtx.DonationComparison`: `rows` (one `filtx.ModeRow` per mode: time per
-    call and its spread, first call, peak bytes from XLA's memory analysis, donated
-    and reused bytes, unusable paths, same result), `best(by=...)`, `as_dicts()`,
+    call, the range of its rounds and a flag where they disagree by more than
+    10 %, first call, peak bytes from XLA's memory analysis, the mode's own
+    device peak where the device reports one, donated and reused bytes, unusable
+    paths, same result), `best(by=...)`, `as_dicts()`,
     `plot()`, and `str()` a table. Bytes are per device for `filter_pmap` and
     sharded steps. A mode that fails (`"strict"` with an unusable donation, say)
     keeps its row, with the error.
@@ -136,7 +140,7 @@ def compare(
                 seconds = _guarded(run, lambda r=run: r.warm(1))
                 if seconds is not None:
                     estimate = seconds if estimate is None else min(estimate, seconds)
-        settle = settle_calls(estimate)
+        settle = settle_calls(estimate) if calls is None else max(_MIN_SETTLE, calls)
         settled = None
         for run in _ok(runs):  # each mode's allocator settles before it is timed
             seconds = _guarded(run, lambda r=run: r.warm(settle))
@@ -146,7 +150,7 @@ def compare(
             calls = calls_per_round(settled or estimate)
         if device_memory() is not None:  # each mode's own peak, on a device that reports one
             for run in _ok(runs):
-                _guarded(run, lambda r=run: r.own_peak(min(max(calls, 5), 20), _figures(r).get("peak_bytes")))
+                _guarded(run, lambda r=run: r.own_peak(own_peak_calls(calls), _figures(r).get("peak_bytes")))
         bar = _Progress(rounds, name, sys.stderr.isatty() if progress is None else progress)
         for r in range(rounds):
             order = _ok(runs)
@@ -168,6 +172,12 @@ def calls_per_round(estimate: float | None) -> int:
     """Warm calls per timed round, from one call's time: about `_TARGET_ROUND`
     seconds, at least `_MIN_CALLS`."""
     return max(_MIN_CALLS, min(_MAX_CALLS, math.ceil(_TARGET_ROUND / max(estimate or _TARGET_ROUND, 1e-7))))
+
+
+def own_peak_calls(calls: int) -> int:
+    """Calls in the loop that measures a mode's own device peak: a round's
+    worth, from 5 to 20 (enough for the calls in flight of a pipelined loop)."""
+    return min(max(calls, 5), 20)
 
 
 def settle_calls(estimate: float | None) -> int:
