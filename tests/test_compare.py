@@ -345,3 +345,13 @@ def test_rows_carry_their_range_in_the_table_dicts_and_plot(tmp_path):
     text = str(DonationComparison("f", (flagged,), 3, 2))
     assert "2 ms !" in text and "1-3 ms" in text and "read the range" in text
     comparison.plot(tmp_path / "p.png")
+
+
+def test_rounds_default_to_about_two_seconds_and_a_hook_runs_between_them():
+    from filtx._compare import compare
+
+    seen = []
+    comparison = compare(momentum_sgd, state(), {}, modes=["none"], calls=2, between_rounds=lambda r, n: seen.append((r, n)))
+    assert 10 <= comparison.rounds <= 100 and seen == [(r, comparison.rounds) for r in range(comparison.rounds)]
+    with pytest.raises(ValueError, match="rounds and calls are positive"):
+        filtx.compare_donation(momentum_sgd, *state(), rounds=0)
