@@ -27,7 +27,7 @@ __all__ = ["compare_donation", "compare", "quiet_donation_warnings", "calls_per_
 _TARGET_ROUND = 0.2  # seconds: without `calls`, a round is about this long, but
 _LOOP = 30  # ... at most 30 calls (a loop that reads its loss now and then), and
 _ROUND_CALLS, _LONG_ROUND = 8, 1.0  # at least 8 calls, where 8 take at most 1 s
-_TIMED, _MIN_ROUNDS, _MAX_ROUNDS = 2.0, 10, 100  # without `rounds`: about 2 s of timed calls per mode
+_TIMED, _MIN_ROUNDS, _MAX_ROUNDS = 2.0, 10, 200  # without `rounds`: about 2 s of timed calls per mode
 _MAX_CALLS = 1000
 _SETTLE = 0.5  # seconds of untimed calls per mode before its rounds
 _MIN_SETTLE = 3
@@ -66,7 +66,7 @@ def compare_donation(
         default the wrapper's own mode, `"none"` and `"arrays"`. Modes that donate
         exactly the same leaves share a row (`"warn / arrays"`).
     - `rounds`: timed rounds per mode, modes interleaved round-robin (default:
-        about 2 s of timed calls per mode, from 10 to 100 rounds).
+        about 2 s of timed calls per mode, from 10 to 200 rounds).
     - `calls`: warm calls per round, pipelined, one block at the end, as a
         training loop that reads its loss now and then (default: about 0.2 s a
         round, at most 30 calls; at least 8 where they take at most 1 s). Before

@@ -330,7 +330,7 @@ def test_time_range_flag_and_round_lengths():
     assert not unsteady([1.0] * 9 + [5.0]) and unsteady(times) and not unsteady([1.0, 1.05] * 5)
     assert calls_per_round(None) >= 1 and calls_per_round(1e-9) == 30 and calls_per_round(10.0) == 1
     assert calls_per_round(0.07) == 8 and calls_per_round(0.35) == 3 and calls_per_round(1e-3) == 30
-    assert rounds_for(30, 1e-3) == 67 and rounds_for(30, 1e-6) == 100 and rounds_for(1, 10.0) == 10
+    assert rounds_for(30, 1e-3) == 67 and rounds_for(30, 1e-6) == 200 and rounds_for(1, 10.0) == 10
     assert settle_calls(10.0) == 3 and settle_calls(1e-3) >= 100
 
 
@@ -352,6 +352,6 @@ def test_rounds_default_to_about_two_seconds_and_a_hook_runs_between_them():
 
     seen = []
     comparison = compare(momentum_sgd, state(), {}, modes=["none"], calls=2, between_rounds=lambda r, n: seen.append((r, n)))
-    assert 10 <= comparison.rounds <= 100 and seen == [(r, comparison.rounds) for r in range(comparison.rounds)]
+    assert 10 <= comparison.rounds <= 200 and seen == [(r, comparison.rounds) for r in range(comparison.rounds)]
     with pytest.raises(ValueError, match="rounds and calls are positive"):
         filtx.compare_donation(momentum_sgd, *state(), rounds=0)
