@@ -147,15 +147,15 @@ def compare(
                 if seconds is not None:
                     estimate = seconds if estimate is None else min(estimate, seconds)
         settle = settle_calls(estimate) if calls is None else max(_MIN_SETTLE, calls)
-        settled = None
+        settled = []
         for run in _ok(runs):  # each mode's allocator settles before it is timed
             seconds = _guarded(run, lambda r=run: r.warm(settle))
             if seconds is not None:
-                settled = seconds / settle if settled is None else min(settled, seconds / settle)
-        if calls is None:
-            calls = calls_per_round(settled or estimate)
+                settled.append(seconds / settle)
+        if calls is None:  # the fastest mode's call sets a round's length, the average call their number
+            calls = calls_per_round(min(settled, default=estimate))
         if rounds is None:
-            rounds = rounds_for(calls, settled or estimate)
+            rounds = rounds_for(calls, sum(settled) / len(settled) if settled else estimate)
         if device_memory() is not None:  # each mode's own peak, on a device that reports one
             for run in _ok(runs):
                 _guarded(run, lambda r=run: r.own_peak(own_peak_calls(calls), _figures(r).get("peak_bytes")))
