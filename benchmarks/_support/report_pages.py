@@ -289,6 +289,25 @@ def replace_section(page: list[str], section: list[str]) -> list[str]:
     return page[:at] + section + page[at:]
 
 
+KEPT = ("## compare_donation against hand-written loops",)  # headings other scripts write
+
+
+def kept_sections(path: str) -> list[list[str]]:
+    """The sections of the page at `path` that other scripts measure and write
+    (`KEPT`), as they are, so that a regenerated page keeps them."""
+    try:
+        with open(path) as f:
+            page = f.read().split("\n")
+    except OSError:
+        return []
+    out = []
+    for i, line in enumerate(page):
+        if line.startswith(KEPT):
+            end = next((j for j in range(i + 1, len(page)) if page[j].startswith("## ")), len(page))
+            out.append(page[i:end])
+    return out
+
+
 def failures_section(suites: dict) -> list[str]:
     if suites["returncode"] == 0:
         return []
