@@ -45,8 +45,7 @@ them, never importing each other):
 import importlib.metadata as _metadata
 import os as _os
 
-from jax._src import traceback_util as _traceback_util
-
+from ._base.jax_compat import exclude_from_tracebacks as _exclude_from_tracebacks
 from ._caches import clear_caches
 from ._compare import compare_donation
 from ._comparison import DonationComparison, ModeRow
@@ -65,7 +64,7 @@ from ._share import SharingPattern, reshare, unshare
 from ._vmap import filter_vmap
 
 # Tracebacks through JAX's API boundaries hide filtx's frames, as they hide JAX's.
-_traceback_util.register_exclusion(_os.path.dirname(__file__))
+_exclude_from_tracebacks(_os.path.dirname(__file__))
 
 
 def _version() -> str:

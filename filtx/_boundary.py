@@ -15,6 +15,7 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 
+from ._base.jax_compat import top_level
 from . import _buffers, _share
 from ._caches import MAX_ENTRIES_PER_PLAN, MAX_PLANS, insert_bounded, register
 from ._errors import (
@@ -28,7 +29,7 @@ from ._donation import check_donations, out_avals_of
 from ._entry import Entry
 from ._eqx_errors import MARKER, note_trace
 from ._explain import CallSignature, explain_new_avals, explain_new_entry, explaining
-from ._gather import first_positions, getter
+from ._base.indexing import first_positions, getter
 from ._layout import Layout, make as make_layout
 from ._mutation import warn_if_changed
 from ._outputs import parts
@@ -37,13 +38,6 @@ from ._resolve import LeafResolver
 from ._reuse import Records, fresh_leaves, passed_candidates, slotted, spliced_leaves
 
 __all__ = ["Boundary", "Split", "flat_function", "unique_paths"]
-
-
-try:
-    from jax._src.core import trace_state_clean as top_level
-except ImportError:  # pragma: no cover - then tracers are found among the leaves
-    def top_level() -> bool:
-        return True
 
 
 class Split(NamedTuple):

@@ -17,7 +17,8 @@ from typing import Any, Callable
 import jax
 from jax.sharding import SingleDeviceSharding
 
-from ._errors import PartialAliasing
+from ._base.aliasing import PartialAliasing
+from ._base.jax_compat import ArrayImpl, committed as _committed, shards_of
 
 __all__: list[str] = []
 
@@ -46,7 +47,7 @@ def single_device_call(donated: Callable, dynamic: list) -> bool:
     first = next((x for x in picked if type(x) is _ARRAY), None)  # NumPy arrays out
     if first is None:
         return True
-    if first._committed:  # the others committed to its devices (or JAX refuses the call)
+    if _committed(first):  # the others committed to its devices (or JAX refuses the call)
         return type(first.sharding) is SingleDeviceSharding
     arrays = [x for x in picked if type(x) is _ARRAY]
     if not any(map(_committed, arrays)):
@@ -54,12 +55,9 @@ def single_device_call(donated: Callable, dynamic: list) -> bool:
     return all(type(s) is SingleDeviceSharding for s in map(_sharding, arrays))
 
 
-try:  # jax.Array's implementation (`isinstance(x, jax.Array)` is slow: an ABC check)
-    from jax._src.array import ArrayImpl as _ARRAY
-except ImportError:  # pragma: no cover
-    _ARRAY = jax.Array
+# jax.Array's implementation (`isinstance(x, jax.Array)` is slow: an ABC check)
+_ARRAY = ArrayImpl if ArrayImpl is not None else jax.Array
 _sharding = attrgetter("sharding")
-_committed = attrgetter("_committed")
 
 
 _is_deleted = methodcaller("is_deleted")
@@ -74,14 +72,6 @@ def any_deleted(values: list) -> bool:
         return any(
             isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) and x.is_deleted() for x in values
         )
-
-
-def refused_aliasing(error: Exception) -> bool:
-    """JAX's runtime refused a donation of aliased buffers (before running)."""
-    if not isinstance(error, (jax.errors.JaxRuntimeError, ValueError)):  # ValueError: JAX's C++ path
-        return False
-    text = str(error)
-    return "same buffer twice" in text or ("same call to Execute()" in text and "donat" in text)
 
 
 def buffer_keys(values: list) -> list | None:
@@ -156,7 +146,7 @@ def _buffer_key(x, sizes: set | None = None) -> Any:
     buffers added to `sizes` where given."""
     if type(x) is _ARRAY:  # its shards, without the exception a sharded array's pointer raises
         try:
-            shards = x._arrays
+            shards = shards_of(x)
             key = shards[0].unsafe_buffer_pointer() if len(shards) == 1 else tuple(sorted(map(_buffer_pointer, shards)))
         except Exception:
             key, shards = id(x), None

@@ -25,17 +25,11 @@ from typing import Any, Callable
 
 import jax
 
+from ._base.nodes import is_equinox_module as _is_module, is_namedtuple as _is_namedtuple
+
 __all__: list[str] = []
 
 MAX_NODES = 20_000  # larger structures keep treedef.unflatten (code size)
-
-
-def _is_module(t: type) -> bool:
-    return any(c.__name__ == "Module" and c.__module__.startswith("equinox") for c in t.__mro__)
-
-
-def _is_namedtuple(t: type) -> bool:
-    return issubclass(t, tuple) and hasattr(t, "_fields")
 
 
 def _slotted(t: type) -> bool:

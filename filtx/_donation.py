@@ -11,13 +11,13 @@ warning is hidden while such a call compiles.
 from __future__ import annotations
 
 import collections
-import re
 import threading
 import warnings
 from typing import Any
 
 import jax
 
+from ._base.jax_compat import UNUSABLE_DONATION_WARNING
 from ._roles import is_ref
 
 __all__ = ["UnusableDonationWarning"]
@@ -121,7 +121,7 @@ _hidden = _Hidden()
 _filter_lock = threading.Lock()
 _filter_users = [0]
 # JAX's warning lists avals; filtx's own, with the same opening, lists paths.
-_FILTER = ("ignore", re.compile("Some donated buffers were not usable: (?!args|kwargs|fun)"), Warning, None, 0)
+_FILTER = ("ignore", UNUSABLE_DONATION_WARNING, Warning, None, 0)
 
 
 def hide_jax_warning() -> None:

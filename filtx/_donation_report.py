@@ -10,7 +10,7 @@ import jax
 
 from ._donation import describe_aval, donations_beside_refs, hidden_depth, reuse, show_jax_warning
 from ._errors import call_leaf_paths, keystr
-from ._gather import first_positions
+from ._base.indexing import first_positions
 from ._outputs import parts
 from ._roles import donate, static
 from ._share import unique_donation

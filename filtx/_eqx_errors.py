@@ -28,6 +28,8 @@ from typing import Any
 
 import jax
 
+from ._base.jax_compat import CALLBACK_LOGGER, clear_runtime_tokens
+
 __all__ = ["block_until_ready"]
 
 MARKER = b"filtx-compiled-function"  # the frame local Equinox's error_if records
@@ -72,10 +74,7 @@ def _settle(message: str) -> None:
         jax.effects_barrier()
     except Exception as again:
         if message in str(again):
-            tokens = getattr(getattr(jax._src, "dispatch", None), "runtime_tokens", None)
-            clear = getattr(tokens, "clear", None)
-            if clear is not None:
-                clear()
+            clear_runtime_tokens()
 
 
 def without_filtx_frames(error: BaseException) -> None:
@@ -168,4 +167,4 @@ def note_trace() -> None:
     traced inside filtx (the filter is added once, to JAX's callback logger)."""
     if not _installed and "equinox._errors" in sys.modules:
         _installed.append(_TracedInsideFiltx())
-        logging.getLogger("jax._src.callback").addFilter(_installed[0])
+        logging.getLogger(CALLBACK_LOGGER).addFilter(_installed[0])

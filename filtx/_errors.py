@@ -13,15 +13,13 @@ from typing import Any
 
 import jax
 
+from ._base.aliasing import PartialAliasing
+
 ROOT_NAMES = ("fun", "args", "kwargs")
 
 
 class SpecError(ValueError):
     """A spec problem found before the path of the leaf is known."""
-
-
-class PartialAliasing(Exception):
-    """Two dynamic positions share some device buffers but not all."""
 
 
 def keystr(path) -> str:

@@ -16,6 +16,7 @@ import jax
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 
+from ._base.jax_compat import ArrayImpl, ShapedArray, shards_of
 from ._errors import device_count_error, in_axes_error, no_mapped_input_error
 
 __all__: list[str] = []
@@ -91,11 +92,11 @@ def _local(x: Any, mesh: Any) -> Any:
         sharding, factors, direct = layout
         shape = tuple(n * local // whole for n, (local, whole) in zip(x.shape, factors))
         if direct[0]:  # the shards in the local sharding's order: wrapped without JAX's checks
-            return _ArrayImpl(_ShapedArray(shape, x.dtype, weak_type=x.weak_type), sharding, x._arrays, True, True)
-        local = jax.make_array_from_single_device_arrays(shape, sharding, x._arrays)
+            return _ArrayImpl(_ShapedArray(shape, x.dtype, weak_type=x.weak_type), sharding, shards_of(x), True, True)
+        local = jax.make_array_from_single_device_arrays(shape, sharding, shards_of(x))
         if direct[0] is None:  # once per layout: may the checks be left out?
-            direct[0] = _ArrayImpl is not None and [a.devices() for a in local._arrays] == [
-                a.devices() for a in x._arrays
+            direct[0] = _ArrayImpl is not None and [a.devices() for a in shards_of(local)] == [
+                a.devices() for a in shards_of(x)
             ]
         return local
     except Exception:  # pragma: no cover - a key array, or a layout the shortcut does not know
@@ -118,11 +119,8 @@ def _local_layout(mesh: Any, spec: Any, ndim: int) -> tuple:
 
 
 _LOCAL: dict = {}
-try:  # JAX's array type and its abstract value: a local output wrapped at C speed
-    from jax._src.array import ArrayImpl as _ArrayImpl
-    from jax._src.core import ShapedArray as _ShapedArray
-except ImportError:  # pragma: no cover
-    _ArrayImpl = _ShapedArray = None
+# JAX's array type and its abstract value: a local output wrapped at C speed
+_ArrayImpl, _ShapedArray = (ArrayImpl, ShapedArray) if None not in (ArrayImpl, ShapedArray) else (None, None)
 
 
 def mesh_devices(local_size: int, axis_size: int | None, devices, backend: str | None) -> tuple[list, int]:

@@ -11,7 +11,7 @@ import jax
 from ._boundary import Boundary, Split, flat_function, unique_paths
 from ._entry import Entry
 from ._reuse import _enabled as reuse_switch
-from ._gather import first_positions
+from ._base.indexing import first_positions
 from ._out_specs import OutAxes
 from ._lowering import AheadOfTime, lowering
 from ._outputs import OutputForm, pack_outputs

@@ -37,16 +37,14 @@ from typing import Any, Callable
 
 import jax
 
-from ._gather import getter
-from ._reuse import immutable_node_type
-from ._roles import is_array
+from ._base.arrays import is_array
+from ._base.indexing import getter
+from ._base.nodes import MAX_DEPTH, MAX_WIDTH, all_immutable as _immutable, is_tuple_node as _is_tuple_node
 
 __all__: list[str] = []
 
 _SAME, _LEAF, _EQUAL, _RECORD, _NODE = range(5)
 _EQUAL_TYPES = (type(None), bool, int, float, str)
-MAX_DEPTH = 3
-MAX_WIDTH = 16
 
 
 class Layout:
@@ -245,14 +243,3 @@ def _lay_out(x, path, recorded, steps, cursor, plan, before, depth) -> bool:
     steps.append((_SAME, path, x))
     cursor[0] = start + len(leaves)
     return True
-
-
-def _is_tuple_node(t: type) -> bool:
-    return t is tuple or (issubclass(t, tuple) and hasattr(t, "_fields"))
-
-
-def _immutable(treedef) -> bool:
-    data = treedef.node_data()
-    if data is None:
-        return True
-    return immutable_node_type(data[0]) and all(_immutable(c) for c in treedef.children())

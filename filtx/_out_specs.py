@@ -16,19 +16,13 @@ from typing import Any, Callable
 
 import jax
 
+from ._base.jax_compat import trace_context as _trace_context
 from ._errors import SpecError
 from ._prefix import broadcast_prefix
 from ._placement import AXES, Placement
 from ._roles import NUMBER_TYPES, check_callable_result, if_array_axis, is_array, is_user_callable, static
 
 __all__ = ["OutAxes", "config_key"]
-
-try:
-    from jax._src.config import trace_context as _trace_context
-except ImportError:  # pragma: no cover - JAX without it keys by nothing
-    def _trace_context():
-        return ()
-
 
 def config_key() -> Any:
     """The JAX configuration a trace depends on, as `jax.jit` keys its cache."""

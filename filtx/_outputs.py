@@ -33,7 +33,7 @@ from ._errors import (
     is_generator,
     returned_ref_error,
 )
-from ._gather import first_positions, getter, merge_getter
+from ._base.indexing import first_positions, getter, merge_getter
 from ._reuse import item_at, reusable_slots
 from ._roles import NUMBER_TYPES, is_array, is_ref
 from ._share import pattern_of

@@ -26,7 +26,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding
 
-from ._boundary import top_level
+from ._base.jax_compat import is_committed, top_level
 from ._outputs import flattened
 from ._roles import is_ref
 from ._sharding import axis_kinds, entries, place
@@ -102,7 +102,7 @@ class PerShard:
             return []
         return [
             i for i, (x, s) in enumerate(zip(xs, self.shardings))
-            if s is not None and not is_ref(x) and getattr(x, "_committed", False) and not _same_sharding(x, s)
+            if s is not None and not is_ref(x) and is_committed(x) and not _same_sharding(x, s)
         ]
 
     def movable(self, x: Any, i: int) -> bool:

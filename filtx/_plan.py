@@ -14,7 +14,7 @@ from typing import Any
 
 from ._caches import MAX_PLANS, insert_bounded
 from ._errors import callable_spec_error, call_leaf_paths
-from ._gather import first_positions, getter, merge_getter
+from ._base.indexing import first_positions, getter, merge_getter
 from ._resolve import Deferred
 from ._roles import Role, donate, static, traced
 

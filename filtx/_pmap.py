@@ -21,7 +21,8 @@ import numpy as np
 from jax.extend.core import jaxpr_as_fun
 from jax.sharding import Mesh, PartitionSpec
 
-from ._boundary import Boundary, Split, flat_function, top_level, unique_paths
+from ._base.jax_compat import top_level
+from ._boundary import Boundary, Split, flat_function, unique_paths
 from ._entry import Entry
 from ._caches import BoundedCache
 from ._errors import (

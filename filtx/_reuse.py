@@ -18,7 +18,6 @@ record goes when its object does.
 
 from __future__ import annotations
 
-import dataclasses
 import operator
 import os
 import threading
@@ -28,11 +27,11 @@ from typing import Any
 
 import jax
 
+from ._base.nodes import MAX_DEPTH, MAX_WIDTH, all_immutable as _all_immutable, is_tuple_node as _is_sequence_node
+
 __all__ = ["reuse_outputs"]
 
 MAX_RECORDS = 16  # per wrapper's compile state
-MAX_DEPTH = 3  # how deep in tuples and namedtuples reusable objects are looked for
-MAX_WIDTH = 16  # and in those of at most this many items (a long tuple of arrays: not searched)
 # An output whose reusable objects hold fewer leaves in all is not recorded:
 # finding, splicing and recording cost about as much as flattening ~15 leaves
 # (Adam loops, model + two moments: 8 leaves 10% slower with reuse, 14 even,
@@ -166,22 +165,6 @@ _SLOT_NODE = _Slot()
 jax.tree_util.register_pytree_node(_Slot, lambda _: ((_SLOT,), None), lambda _aux, _children: _SLOT_NODE)
 
 
-def _is_equinox_module(t: type) -> bool:
-    return any(c.__name__ == "Module" and c.__module__.startswith("equinox") for c in t.__mro__)
-
-
-def immutable_node_type(t: type) -> bool:
-    """Whether instances of this pytree node type cannot be changed in place."""
-    if t is tuple or t is type(None):
-        return True
-    if issubclass(t, tuple) and hasattr(t, "_fields"):  # a namedtuple
-        return True
-    if dataclasses.is_dataclass(t) and getattr(t, "__dataclass_params__", None) is not None:
-        if t.__dataclass_params__.frozen:
-            return True
-    return _is_equinox_module(t)
-
-
 def reusable(treedef) -> bool:
     """Whether a subtree of this structure may be reused: every node immutable, and
     its root's type takes weak references. Once per output signature."""
@@ -191,19 +174,6 @@ def reusable(treedef) -> bool:
     if root is None or not getattr(root[0], "__weakrefoffset__", 0):
         return False
     return _all_immutable(treedef)
-
-
-def _all_immutable(treedef) -> bool:
-    data = treedef.node_data()
-    if data is None:  # a leaf
-        return True
-    if not immutable_node_type(data[0]):
-        return False
-    return all(_all_immutable(child) for child in treedef.children())
-
-
-def _is_sequence_node(t: type) -> bool:
-    return t is tuple or (issubclass(t, tuple) and hasattr(t, "_fields"))
 
 
 def slots_of(treedef, path: tuple = (), start: int = 0, depth: int = MAX_DEPTH) -> tuple:

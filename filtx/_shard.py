@@ -9,7 +9,7 @@ from typing import Any
 
 import jax
 
-from ._boundary import top_level
+from ._base.jax_compat import top_level
 from ._errors import SpecError, keystr
 from ._prefix import broadcast_prefix
 from ._roles import check_callable_result, is_array, is_user_callable

@@ -16,7 +16,8 @@ from typing import Any, ParamSpec, TypeVar, overload
 import jax
 from jax.sharding import PartitionSpec
 
-from ._boundary import Boundary, Split, flat_function, top_level, unique_paths
+from ._base.jax_compat import top_level, user_out_specs as _user_out_specs
+from ._boundary import Boundary, Split, flat_function, unique_paths
 from ._entry import Entry
 from ._caches import BoundedCache
 from ._eqx_errors import without_filtx_frames
@@ -28,7 +29,7 @@ from ._outputs import pack_outputs, unpack
 from ._per_shard import PerShard, per_shard_shape
 from ._resolve import LeafResolver
 from ._reuse import _enabled as reuse_switch
-from ._gather import first_positions
+from ._base.indexing import first_positions
 from ._roles import MODES, is_ref, static
 from ._sharding import OUT_SPECS, SPECS, ambient_concrete_mesh, ambient_mesh, check_mesh, inferred_spec, misplaced_error
 from ._typing import Jitted
@@ -163,13 +164,6 @@ class _ShardMapWrapper(AheadOfTime, Wrapper):
 
         tree = _replicated_where_unset(resolve_by_evaluation(self._out_specs, evaluate))
         return tree, entry.make_flat(tree)
-
-
-def _user_out_specs(error: ValueError) -> None:
-    """JAX's shard_map errors name `out_specs[0]`: filtx's `(the user's out specs,
-    the carrier's)`. Say `out_specs`, as the user wrote it."""
-    if error.args and isinstance(error.args[0], str) and "out_specs[0]" in error.args[0]:
-        error.args = (error.args[0].replace("out_specs[0]", "out_specs"),) + tuple(error.args[1:])
 
 
 def _replicated_where_unset(tree: Any) -> Any:

@@ -14,7 +14,7 @@ from typing import Any, Callable
 import jax
 from jax.sharding import AxisType, NamedSharding, PartitionSpec, Sharding
 
-from ._boundary import top_level
+from ._base.jax_compat import get_concrete_mesh, is_committed, top_level
 from ._errors import SpecError, describe
 from ._placement import Placement
 from ._roles import static
@@ -87,10 +87,7 @@ def ambient_mesh():
 def ambient_concrete_mesh():
     """The concrete mesh set by `jax.set_mesh`, or None."""
     try:
-        get = getattr(jax.sharding, "get_mesh", None)
-        if get is None:  # JAX < 0.8
-            from jax._src.mesh import get_concrete_mesh as get
-        mesh = get()
+        mesh = get_concrete_mesh()
     except Exception:  # pragma: no cover - a JAX without a concrete ambient mesh
         return None
     return None if mesh is None or mesh.empty else mesh
@@ -300,7 +297,7 @@ def misplaced_error(paths: list, leaves: list, targets: tuple, mesh: Any, what: 
     refuses it naming a flat argument; this names its path and the fix. None
     when every argument fits."""
     for path, leaf, target in zip(paths, leaves, targets):
-        if target is None or not getattr(leaf, "_committed", False):
+        if target is None or not is_committed(leaf):
             continue
         wanted = target
         if isinstance(target, PartitionSpec):

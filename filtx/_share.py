@@ -13,7 +13,7 @@ from typing import Any
 
 import jax
 
-from ._gather import first_positions, getter
+from ._base.indexing import first_positions, getter
 from ._roles import is_array
 
 __all__ = ["unshare", "reshare", "SharingPattern"]

@@ -10,6 +10,7 @@ from typing import Any, ParamSpec, TypeVar, overload
 import jax
 import jax.numpy as jnp
 
+from ._base.jax_compat import names_out_axes
 from ._boundary import Boundary, Split, flat_function
 from ._entry import Entry
 from ._caches import BoundedCache
@@ -164,11 +165,11 @@ class _VmapWrapper(Wrapper):
     def _explain_failure(self, error, split, entry, dynamic, out_axes) -> ValueError | None:
         paths = dynamic_paths(split.root, split.plan)
         if split.pattern is not None:
-            from ._gather import first_positions
+            from ._base.indexing import first_positions
 
             paths = [paths[i] for i in first_positions(split.pattern)]
         found = in_axes_error(paths, dynamic, entry.axes, self._axis_size, "filter_vmap")
-        if found is not None or "out_axes" not in str(error) or out_axes is _IN_TRACE:
+        if found is not None or not names_out_axes(error) or out_axes is _IN_TRACE:
             return found
         return self._unmapped_outputs(entry, dynamic)
 

@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import jax
 
+from ._base.jax_compat import aliased_ref_refused, deleted_array_refused, refused_aliasing
 from ._boundary import Split, unique_paths
 from ._entry import Entry
 from ._caches import code_owner, is_table_attribute, shared_by_code
@@ -21,7 +22,6 @@ from ._errors import aliased_ref_error, deleted_array_error, owned_option_error,
 from ._eqx_errors import equinox_runtime_error, without_filtx_frames
 from ._pickling import reduce_wrapper
 from ._roles import is_ref
-from ._buffers import refused_aliasing
 from ._sharding import misplaced_error
 from ._signature import signature_key
 
@@ -284,12 +284,12 @@ def recover(e: Exception, dynamic: list, split: Split, entry: Entry, recheck: Ca
             split.plan.aliased = True  # (one object twice, a layout let through: the full path finds it by id)
         entry, dynamic, split = recheck(*split.root)
         return dispatch(entry.call, dynamic, split, entry)
-    if "deleted" in str(e):
+    if deleted_array_refused(e):
         converted = deleted_array_error(split.root)
         if converted is not None:
             raise converted from e
     paths = unique_paths(split.root, split.plan, split.pattern)
-    if "only one reference to a mutable array" in str(e):
+    if aliased_ref_refused(e):
         converted = aliased_ref_error([(p, x) for p, x in zip(paths, dynamic) if is_ref(x)])
         if converted is not None:
             raise converted from None

@@ -174,11 +174,6 @@ def test_fed_back_keys_read_only_values_not_read_beside_those_outputs_before():
         _buffers._buffer_key = original
 
 
-def test_refused_aliasing_recognises_jaxs_runtime_refusals_only():
-    assert _buffers.refused_aliasing(ValueError("INVALID_ARGUMENT: Attempt to donate the same buffer twice in Execute()"))
-    assert not _buffers.refused_aliasing(ValueError("some other error about donation"))
-
-
 def test_reuse_matches_donated_inputs_to_outputs_greedily_by_shape_and_dtype():
     aval = lambda *shape: jax.core.ShapedArray(shape, jnp.float32)  # noqa: E731
     found = _donation.reuse([aval(3), aval(3), aval(2)], [True, True, True], [aval(3), aval(4)])
