@@ -56,7 +56,7 @@ from ._export import call_exported
 from ._jit import filter_jit
 from ._mutation import MutatedArgumentWarning
 from ._pmap import filter_pmap
-from ._reuse import reuse_outputs
+from ._fastpath.reuse import reuse_outputs
 from ._roles import donate, if_array, is_array, static, traced
 from ._shard import filter_shard
 from ._shard_map import filter_shard_map

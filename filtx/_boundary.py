@@ -16,7 +16,8 @@ from typing import Any, Callable, NamedTuple
 import jax
 
 from ._base.jax_compat import top_level
-from . import _buffers, _share
+from ._fastpath import buffers as _buffers
+from . import _share
 from ._caches import MAX_ENTRIES_PER_PLAN, MAX_PLANS, insert_bounded, register
 from ._errors import (
     PartialAliasing,
@@ -30,12 +31,12 @@ from ._entry import Entry
 from ._eqx_errors import MARKER, note_trace
 from ._explain import CallSignature, explain_new_avals, explain_new_entry, explaining
 from ._base.indexing import first_positions, getter
-from ._layout import Layout, make as make_layout
+from ._fastpath.layout import Layout, make as make_layout
 from ._mutation import warn_if_changed
 from ._outputs import parts
 from ._plan import Plan, canonical_plan, static_types_of
 from ._resolve import LeafResolver
-from ._reuse import Records, fresh_leaves, passed_candidates, slotted, spliced_leaves
+from ._fastpath.reuse import Records, fresh_leaves, passed_candidates, slotted, spliced_leaves
 
 __all__ = ["Boundary", "Split", "flat_function", "unique_paths"]
 

@@ -10,7 +10,7 @@ import jax
 
 from ._boundary import Boundary, Split, flat_function, unique_paths
 from ._entry import Entry
-from ._reuse import _enabled as reuse_switch
+from ._fastpath.reuse import _enabled as reuse_switch
 from ._base.indexing import first_positions
 from ._out_specs import OutAxes
 from ._lowering import AheadOfTime, lowering

@@ -25,7 +25,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from ._builder import make_builder
+from ._fastpath.builder import make_builder
 from ._errors import (
     check_no_generator,
     check_returned_statics,
@@ -34,7 +34,7 @@ from ._errors import (
     returned_ref_error,
 )
 from ._base.indexing import first_positions, getter, merge_getter
-from ._reuse import item_at, reusable_slots
+from ._fastpath.reuse import item_at, reusable_slots
 from ._roles import NUMBER_TYPES, is_array, is_ref
 from ._share import pattern_of
 

@@ -36,7 +36,7 @@ from ._per_shard import PerShard, manual_view
 from ._placement import AXES
 from ._prefix import broadcast_prefix
 from ._resolve import LeafResolver
-from ._reuse import _enabled as reuse_switch
+from ._fastpath.reuse import _enabled as reuse_switch
 from ._roles import if_array, is_ref, parse_mode
 from ._share import unique_donation
 from ._typing import Pmapped

@@ -28,7 +28,7 @@ from ._out_specs import OutAxes, config_key, resolve_by_evaluation
 from ._outputs import pack_outputs, unpack
 from ._per_shard import PerShard, per_shard_shape
 from ._resolve import LeafResolver
-from ._reuse import _enabled as reuse_switch
+from ._fastpath.reuse import _enabled as reuse_switch
 from ._base.indexing import first_positions
 from ._roles import MODES, is_ref, static
 from ._sharding import OUT_SPECS, SPECS, ambient_concrete_mesh, ambient_mesh, check_mesh, inferred_spec, misplaced_error

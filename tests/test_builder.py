@@ -13,7 +13,7 @@ import optax
 import pytest
 
 import filtx
-from filtx._builder import _same_nodes, make_builder
+from filtx._fastpath.builder import _same_nodes, make_builder
 
 Pair = collections.namedtuple("Pair", ["a", "b"])
 

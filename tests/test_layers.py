@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import filtx
-from filtx import _buffers, _donation, _errors, _leaks, _outputs, _share, _varying
+from filtx._fastpath import buffers as _buffers
+from filtx import _donation, _errors, _leaks, _outputs, _share, _varying
 from filtx._boundary import Boundary
 from filtx._out_specs import OutAxes
 from filtx._prefix import broadcast_prefix

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import filtx
 import filtx._boundary as boundary
-import filtx._layout as layout
+import filtx._fastpath.layout as layout
 
 from _helpers import budget, counting
 

@@ -15,8 +15,8 @@ import pytest
 
 import filtx
 import filtx._boundary as boundary
-import filtx._layout as layout
-import filtx._reuse as reuse
+import filtx._fastpath.layout as layout
+import filtx._fastpath.reuse as reuse
 
 from _helpers import RECORDING_TRANSFORMS, recording
 

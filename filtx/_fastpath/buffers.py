@@ -17,8 +17,8 @@ from typing import Any, Callable
 import jax
 from jax.sharding import SingleDeviceSharding
 
-from ._base.aliasing import PartialAliasing
-from ._base.jax_compat import ArrayImpl, committed as _committed, shards_of
+from .._base.aliasing import PartialAliasing
+from .._base.jax_compat import ArrayImpl, committed as _committed, shards_of
 
 __all__: list[str] = []
 

@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import jax
 
-from ._base.nodes import is_equinox_module as _is_module, is_namedtuple as _is_namedtuple
+from .._base.nodes import is_equinox_module as _is_module, is_namedtuple as _is_namedtuple
 
 __all__: list[str] = []
 

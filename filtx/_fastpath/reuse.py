@@ -27,7 +27,7 @@ from typing import Any
 
 import jax
 
-from ._base.nodes import MAX_DEPTH, MAX_WIDTH, all_immutable as _all_immutable, is_tuple_node as _is_sequence_node
+from .._base.nodes import MAX_DEPTH, MAX_WIDTH, all_immutable as _all_immutable, is_tuple_node as _is_sequence_node
 
 __all__ = ["reuse_outputs"]
 

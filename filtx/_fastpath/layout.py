@@ -37,9 +37,9 @@ from typing import Any, Callable
 
 import jax
 
-from ._base.arrays import is_array
-from ._base.indexing import getter
-from ._base.nodes import MAX_DEPTH, MAX_WIDTH, all_immutable as _immutable, is_tuple_node as _is_tuple_node
+from .._base.arrays import is_array
+from .._base.indexing import getter
+from .._base.nodes import MAX_DEPTH, MAX_WIDTH, all_immutable as _immutable, is_tuple_node as _is_tuple_node
 
 __all__: list[str] = []
 
