@@ -46,21 +46,21 @@ import importlib.metadata as _metadata
 import os as _os
 
 from ._base.jax_compat import exclude_from_tracebacks as _exclude_from_tracebacks
-from ._caches import clear_caches
+from ._core.caches import clear_caches
 from ._compare import compare_donation
 from ._comparison import DonationComparison, ModeRow
-from ._donation import UnusableDonationWarning
+from ._core.donation import UnusableDonationWarning
 from ._donation_report import DonationReport, DonationRow, donation_report
-from ._eqx_errors import block_until_ready
+from ._core.eqx_errors import block_until_ready
 from ._export import call_exported
 from ._jit import filter_jit
-from ._mutation import MutatedArgumentWarning
+from ._core.mutation import MutatedArgumentWarning
 from ._pmap import filter_pmap
 from ._fastpath.reuse import reuse_outputs
-from ._roles import donate, if_array, is_array, static, traced
+from ._core.roles import donate, if_array, is_array, static, traced
 from ._shard import filter_shard
 from ._shard_map import filter_shard_map
-from ._share import SharingPattern, reshare, unshare
+from ._core.share import SharingPattern, reshare, unshare
 from ._vmap import filter_vmap
 
 # Tracebacks through JAX's API boundaries hide filtx's frames, as they hide JAX's.

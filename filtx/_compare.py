@@ -18,9 +18,9 @@ import numpy as np
 from ._compare_rows import make_runs
 from ._compare_runs import Run
 from ._comparison import DonationComparison, ModeRow
-from ._donation import UnusableDonationWarning
+from ._core.donation import UnusableDonationWarning
 from ._memory import device_memory, memory_figures, outputs_differ
-from ._roles import is_ref
+from ._core.roles import is_ref
 
 __all__ = ["compare_donation", "compare", "quiet_donation_warnings", "calls_per_round", "settle_calls", "own_peak_calls", "unsteady", "time_range"]
 

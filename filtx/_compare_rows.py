@@ -13,12 +13,12 @@ from typing import Any, Callable
 
 import jax
 
-from ._caches import unshared
+from ._core.caches import unshared
 from ._compare_runs import Feeding, Run
 from ._donation_report import donation_report
-from ._errors import call_leaf_paths
+from ._core.errors import call_leaf_paths
 from ._memory import fresh_tree, is_deleted
-from ._roles import is_array, parse_mode
+from ._core.roles import is_array, parse_mode
 from ._wrapper import Bound, Wrapper, as_pytree
 
 __all__ = ["make_runs"]

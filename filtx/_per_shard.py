@@ -27,8 +27,8 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from ._base.jax_compat import is_committed, top_level
-from ._outputs import flattened
-from ._roles import is_ref
+from ._core.outputs import flattened
+from ._core.roles import is_ref
 from ._sharding import axis_kinds, entries, place
 
 __all__: list[str] = []

@@ -17,20 +17,20 @@ import jax
 from jax.sharding import PartitionSpec
 
 from ._base.jax_compat import top_level, user_out_specs as _user_out_specs
-from ._boundary import Boundary, Split, flat_function, unique_paths
-from ._entry import Entry
-from ._caches import BoundedCache
-from ._eqx_errors import without_filtx_frames
-from ._errors import unknown_option_error
+from ._core.boundary import Boundary, Split, flat_function, unique_paths
+from ._core.entry import Entry
+from ._core.caches import BoundedCache
+from ._core.eqx_errors import without_filtx_frames
+from ._core.errors import unknown_option_error
 from ._lowering import AheadOfTime, lowering
 from ._mapped import traced_numbers_as_arrays
-from ._out_specs import OutAxes, config_key, resolve_by_evaluation
-from ._outputs import pack_outputs, unpack
+from ._core.out_specs import OutAxes, config_key, resolve_by_evaluation
+from ._core.outputs import pack_outputs, unpack
 from ._per_shard import PerShard, per_shard_shape
-from ._resolve import LeafResolver
+from ._core.resolve import LeafResolver
 from ._fastpath.reuse import _enabled as reuse_switch
 from ._base.indexing import first_positions
-from ._roles import MODES, is_ref, static
+from ._core.roles import MODES, is_ref, static
 from ._sharding import OUT_SPECS, SPECS, ambient_concrete_mesh, ambient_mesh, check_mesh, inferred_spec, misplaced_error
 from ._typing import Jitted
 from ._wrapper import Wrapper, dispatch, freeze, made_by

@@ -15,9 +15,9 @@ import jax
 from jax.sharding import AxisType, NamedSharding, PartitionSpec, Sharding
 
 from ._base.jax_compat import get_concrete_mesh, is_committed, top_level
-from ._errors import SpecError, describe
-from ._placement import Placement
-from ._roles import static
+from ._core.errors import SpecError, describe
+from ._core.placement import Placement
+from ._core.roles import static
 
 __all__: list[str] = []
 

@@ -11,10 +11,10 @@ import jax
 import jax.numpy as jnp
 
 from ._base.jax_compat import names_out_axes
-from ._boundary import Boundary, Split, flat_function
-from ._entry import Entry
-from ._caches import BoundedCache
-from ._errors import (
+from ._core.boundary import Boundary, Split, flat_function
+from ._core.entry import Entry
+from ._core.caches import BoundedCache
+from ._core.errors import (
     donation_in_mapped_error,
     dynamic_paths,
     in_axes_error,
@@ -22,11 +22,11 @@ from ._errors import (
     unmapped_outputs_error,
 )
 from ._mapped import check_no_donate_spec, first_failing, traced_numbers_as_arrays
-from ._out_specs import OutAxes, config_key, resolve_by_evaluation
-from ._outputs import pack_outputs, unpack
-from ._placement import AXES
-from ._resolve import LeafResolver
-from ._roles import MODES, if_array
+from ._core.out_specs import OutAxes, config_key, resolve_by_evaluation
+from ._core.outputs import pack_outputs, unpack
+from ._core.placement import AXES
+from ._core.resolve import LeafResolver
+from ._core.roles import MODES, if_array
 from ._typing import Mapped
 from ._wrapper import Wrapper, call_error, check_options, dispatch, freeze, made_by
 

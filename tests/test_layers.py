@@ -11,13 +11,13 @@ import pytest
 
 import filtx
 from filtx._fastpath import buffers as _buffers
-from filtx import _donation, _errors, _leaks, _outputs, _share, _varying
-from filtx._boundary import Boundary
-from filtx._out_specs import OutAxes
-from filtx._prefix import broadcast_prefix
-from filtx._resolve import LeafResolver
-from filtx._roles import MODES, donate, traced
-from filtx._signature import ArgumentSpecs, signature_key
+from filtx._core import donation as _donation, errors as _errors, leaks as _leaks, outputs as _outputs, share as _share, varying as _varying
+from filtx._core.boundary import Boundary
+from filtx._core.out_specs import OutAxes
+from filtx._core.prefix import broadcast_prefix
+from filtx._core.resolve import LeafResolver
+from filtx._core.roles import MODES, donate, traced
+from filtx._core.signature import ArgumentSpecs, signature_key
 
 # ---------------------------------------------------------------------------
 # _prefix

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import filtx
-import filtx._boundary as boundary
+import filtx._core.boundary as boundary
 import filtx._fastpath.layout as layout
 
 from _helpers import budget, counting

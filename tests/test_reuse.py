@@ -14,7 +14,7 @@ import optax
 import pytest
 
 import filtx
-import filtx._boundary as boundary
+import filtx._core.boundary as boundary
 import filtx._fastpath.layout as layout
 import filtx._fastpath.reuse as reuse
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ._errors import SpecError, piece_leaf_path
-from ._placement import AXES, Placement
-from ._prefix import broadcast_prefix
-from ._roles import (
+from .errors import SpecError, piece_leaf_path
+from .placement import AXES, Placement
+from .prefix import broadcast_prefix
+from .roles import (
     Mode,
     Role,
     check_callable_result,
@@ -26,7 +26,7 @@ from ._roles import (
     traced,
     type_only,
 )
-from ._signature import ArgumentSpecs
+from .signature import ArgumentSpecs
 
 __all__ = ["LeafResolver", "Deferred"]
 

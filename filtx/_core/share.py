@@ -13,8 +13,8 @@ from typing import Any
 
 import jax
 
-from ._base.indexing import first_positions, getter
-from ._roles import is_array
+from .._base.indexing import first_positions, getter
+from .roles import is_array
 
 __all__ = ["unshare", "reshare", "SharingPattern"]
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import jax
 
-from ._errors import call_leaf_paths, mutated_argument_message
+from .errors import call_leaf_paths, mutated_argument_message
 
 __all__ = ["MutatedArgumentWarning", "warn_if_changed"]
 

@@ -10,8 +10,8 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from ._base.arrays import ARRAY_TYPES, REF_TYPES, is_array, is_array_type, is_ref  # noqa: F401  (re-exported)
-from ._errors import SpecError
+from .._base.arrays import ARRAY_TYPES, REF_TYPES, is_array, is_array_type, is_ref  # noqa: F401  (re-exported)
+from .errors import SpecError
 
 __all__ = ["Role", "static", "traced", "donate", "is_array", "if_array"]
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import jax
 
-from ._base.aliasing import PartialAliasing
+from .._base.aliasing import PartialAliasing
 
 ROOT_NAMES = ("fun", "args", "kwargs")
 
@@ -215,7 +215,7 @@ def check_no_generator(out: Any, leaves: list) -> None:
 def check_returned_statics(out: Any, leaves: list, is_array_mask: list, inputs: list) -> None:
     """Refuse non-array outputs that cannot be returned as they are: an object
     hiding a tracer (it would leak out of the transformation). Trace time only."""
-    from ._leaks import hidden_tracer
+    from .leaks import hidden_tracer
 
     traces = {t for t in (getattr(x, "_trace", None) for x in inputs) if t is not None}
     for i, (leaf, array) in enumerate(zip(leaves, is_array_mask)):

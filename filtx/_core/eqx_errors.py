@@ -28,7 +28,7 @@ from typing import Any
 
 import jax
 
-from ._base.jax_compat import CALLBACK_LOGGER, clear_runtime_tokens
+from .._base.jax_compat import CALLBACK_LOGGER, clear_runtime_tokens
 
 __all__ = ["block_until_ready"]
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from ._caches import MAX_PLANS, insert_bounded
-from ._errors import callable_spec_error, call_leaf_paths
-from ._base.indexing import first_positions, getter, merge_getter
-from ._resolve import Deferred
-from ._roles import Role, donate, static, traced
+from .caches import MAX_PLANS, insert_bounded
+from .errors import callable_spec_error, call_leaf_paths
+from .._base.indexing import first_positions, getter, merge_getter
+from .resolve import Deferred
+from .roles import Role, donate, static, traced
 
 __all__ = ["Plan", "canonical_plan", "static_types_of"]
 

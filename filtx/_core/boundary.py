@@ -15,28 +15,28 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 
-from ._base.jax_compat import top_level
-from ._fastpath import buffers as _buffers
-from . import _share
-from ._caches import MAX_ENTRIES_PER_PLAN, MAX_PLANS, insert_bounded, register
-from ._errors import (
+from .._base.jax_compat import top_level
+from .._fastpath import buffers as _buffers
+from . import share as _share
+from .caches import MAX_ENTRIES_PER_PLAN, MAX_PLANS, insert_bounded, register
+from .errors import (
     PartialAliasing,
     deleted_array_error,
     dynamic_paths,
     partial_aliasing_error,
     unhashable_static_error,
 )
-from ._donation import check_donations, out_avals_of
-from ._entry import Entry
-from ._eqx_errors import MARKER, note_trace
-from ._explain import CallSignature, explain_new_avals, explain_new_entry, explaining
-from ._base.indexing import first_positions, getter
-from ._fastpath.layout import Layout, make as make_layout
-from ._mutation import warn_if_changed
-from ._outputs import parts
-from ._plan import Plan, canonical_plan, static_types_of
-from ._resolve import LeafResolver
-from ._fastpath.reuse import Records, fresh_leaves, passed_candidates, slotted, spliced_leaves
+from .donation import check_donations, out_avals_of
+from .entry import Entry
+from .eqx_errors import MARKER, note_trace
+from .explain import CallSignature, explain_new_avals, explain_new_entry, explaining
+from .._base.indexing import first_positions, getter
+from .._fastpath.layout import Layout, make as make_layout
+from .mutation import warn_if_changed
+from .outputs import parts
+from .plan import Plan, canonical_plan, static_types_of
+from .resolve import LeafResolver
+from .._fastpath.reuse import Records, fresh_leaves, passed_candidates, slotted, spliced_leaves
 
 __all__ = ["Boundary", "Split", "flat_function", "unique_paths"]
 

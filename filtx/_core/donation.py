@@ -17,8 +17,8 @@ from typing import Any
 
 import jax
 
-from ._base.jax_compat import UNUSABLE_DONATION_WARNING
-from ._roles import is_ref
+from .._base.jax_compat import UNUSABLE_DONATION_WARNING
+from .roles import is_ref
 
 __all__ = ["UnusableDonationWarning"]
 

@@ -25,18 +25,18 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from ._fastpath.builder import make_builder
-from ._errors import (
+from .._fastpath.builder import make_builder
+from .errors import (
     check_no_generator,
     check_returned_statics,
     int_out_axis_on_non_array_error,
     is_generator,
     returned_ref_error,
 )
-from ._base.indexing import first_positions, getter, merge_getter
-from ._fastpath.reuse import item_at, reusable_slots
-from ._roles import NUMBER_TYPES, is_array, is_ref
-from ._share import pattern_of
+from .._base.indexing import first_positions, getter, merge_getter
+from .._fastpath.reuse import item_at, reusable_slots
+from .roles import NUMBER_TYPES, is_array, is_ref
+from .share import pattern_of
 
 __all__ = ["Carrier", "OutputForm", "flattened", "pack_outputs", "parts", "unpack"]
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import jax
 
-from ._errors import call_leaf_paths
+from .errors import call_leaf_paths
 
 __all__: list[str] = []
 

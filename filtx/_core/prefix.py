@@ -7,7 +7,7 @@ from typing import Any
 
 import jax
 
-from ._errors import SpecError
+from .errors import SpecError
 
 __all__ = ["broadcast_prefix"]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import jax
 
-from ._errors import unmapped_outputs_error
+from .errors import unmapped_outputs_error
 
 __all__ = ["varying_outputs", "check_unmapped_outputs"]
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import jax
 
-from ._errors import SpecError
-from ._roles import Role, if_array, is_axis_value, is_user_callable, static
+from .errors import SpecError
+from .roles import Role, if_array, is_axis_value, is_user_callable, static
 
 __all__: list[str] = []
 

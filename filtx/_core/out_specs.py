@@ -16,11 +16,11 @@ from typing import Any, Callable
 
 import jax
 
-from ._base.jax_compat import trace_context as _trace_context
-from ._errors import SpecError
-from ._prefix import broadcast_prefix
-from ._placement import AXES, Placement
-from ._roles import NUMBER_TYPES, check_callable_result, if_array_axis, is_array, is_user_callable, static
+from .._base.jax_compat import trace_context as _trace_context
+from .errors import SpecError
+from .prefix import broadcast_prefix
+from .placement import AXES, Placement
+from .roles import NUMBER_TYPES, check_callable_result, if_array_axis, is_array, is_user_callable, static
 
 __all__ = ["OutAxes", "config_key"]
 

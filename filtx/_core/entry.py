@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
-from ._donation import _hidden, hide_jax_warning, show_jax_warning
-from ._base.indexing import first_positions, getter
+from .donation import _hidden, hide_jax_warning, show_jax_warning
+from .._base.indexing import first_positions, getter
 
 if TYPE_CHECKING:
-    from ._plan import Plan
+    from .plan import Plan
 
 __all__ = ["Entry"]
 
