@@ -52,16 +52,16 @@ from ._comparison import DonationComparison, ModeRow
 from ._core.donation import UnusableDonationWarning
 from ._donation_report import DonationReport, DonationRow, donation_report
 from ._core.eqx_errors import block_until_ready
-from ._export import call_exported
-from ._jit import filter_jit
+from ._transforms.export import call_exported
+from ._transforms.jit import filter_jit
 from ._core.mutation import MutatedArgumentWarning
-from ._pmap import filter_pmap
+from ._transforms.pmap import filter_pmap
 from ._fastpath.reuse import reuse_outputs
 from ._core.roles import donate, if_array, is_array, static, traced
-from ._shard import filter_shard
-from ._shard_map import filter_shard_map
+from ._transforms.shard import filter_shard
+from ._transforms.shard_map import filter_shard_map
 from ._core.share import SharingPattern, reshare, unshare
-from ._vmap import filter_vmap
+from ._transforms.vmap import filter_vmap
 
 # Tracebacks through JAX's API boundaries hide filtx's frames, as they hide JAX's.
 _exclude_from_tracebacks(_os.path.dirname(__file__))

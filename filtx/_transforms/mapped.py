@@ -10,8 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._core.errors import donation_in_mapped_error
-from ._core.roles import donate, is_array, is_ref
+from .._core.errors import donation_in_mapped_error
+from .._core.roles import donate, is_array, is_ref
 
 __all__: list[str] = []
 

@@ -10,25 +10,25 @@ from typing import Any, ParamSpec, TypeVar, overload
 import jax
 import jax.numpy as jnp
 
-from ._base.jax_compat import names_out_axes
-from ._core.boundary import Boundary, Split, flat_function
-from ._core.entry import Entry
-from ._core.caches import BoundedCache
-from ._core.errors import (
+from .._base.jax_compat import names_out_axes
+from .._core.boundary import Boundary, Split, flat_function
+from .._core.entry import Entry
+from .._core.caches import BoundedCache
+from .._core.errors import (
     donation_in_mapped_error,
     dynamic_paths,
     in_axes_error,
     no_mapped_input_error,
     unmapped_outputs_error,
 )
-from ._mapped import check_no_donate_spec, first_failing, traced_numbers_as_arrays
-from ._core.out_specs import OutAxes, config_key, resolve_by_evaluation
-from ._core.outputs import pack_outputs, unpack
-from ._core.placement import AXES
-from ._core.resolve import LeafResolver
-from ._core.roles import MODES, if_array
-from ._typing import Mapped
-from ._wrapper import Wrapper, call_error, check_options, dispatch, freeze, made_by
+from .mapped import check_no_donate_spec, first_failing, traced_numbers_as_arrays
+from .._core.out_specs import OutAxes, config_key, resolve_by_evaluation
+from .._core.outputs import pack_outputs, unpack
+from .._core.placement import AXES
+from .._core.resolve import LeafResolver
+from .._core.roles import MODES, if_array
+from .typing import Mapped
+from .wrapper import Wrapper, call_error, check_options, dispatch, freeze, made_by
 
 __all__ = ["filter_vmap"]
 
@@ -165,7 +165,7 @@ class _VmapWrapper(Wrapper):
     def _explain_failure(self, error, split, entry, dynamic, out_axes) -> ValueError | None:
         paths = dynamic_paths(split.root, split.plan)
         if split.pattern is not None:
-            from ._base.indexing import first_positions
+            from .._base.indexing import first_positions
 
             paths = [paths[i] for i in first_positions(split.pattern)]
         found = in_axes_error(paths, dynamic, entry.axes, self._axis_size, "filter_vmap")

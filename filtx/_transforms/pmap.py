@@ -21,27 +21,27 @@ import numpy as np
 from jax.extend.core import jaxpr_as_fun
 from jax.sharding import Mesh, PartitionSpec
 
-from ._base.jax_compat import top_level
-from ._core.boundary import Boundary, Split, flat_function, unique_paths
-from ._core.entry import Entry
-from ._core.caches import BoundedCache
-from ._core.errors import (
+from .._base.jax_compat import top_level
+from .._core.boundary import Boundary, Split, flat_function, unique_paths
+from .._core.entry import Entry
+from .._core.caches import BoundedCache
+from .._core.errors import (
     dynamic_paths, no_mapped_input_error, owned_option_error, refs_in_pmap_error, unknown_option_error,
 )
-from ._hosts import Hosts, mapped_size_error, mesh_devices
-from ._lowering import AheadOfTime, lowering
-from ._core.out_specs import OutAxes, config_key
-from ._core.outputs import pack_outputs, unpack
-from ._per_shard import PerShard, manual_view
-from ._core.placement import AXES
-from ._core.prefix import broadcast_prefix
-from ._core.resolve import LeafResolver
-from ._fastpath.reuse import _enabled as reuse_switch
-from ._core.roles import if_array, is_ref, parse_mode
-from ._core.share import unique_donation
-from ._typing import Pmapped
-from ._core.varying import check_unmapped_outputs
-from ._wrapper import Wrapper, call_error, dispatch, freeze, fun_donates, made_by
+from .hosts import Hosts, mapped_size_error, mesh_devices
+from .lowering import AheadOfTime, lowering
+from .._core.out_specs import OutAxes, config_key
+from .._core.outputs import pack_outputs, unpack
+from .per_shard import PerShard, manual_view
+from .._core.placement import AXES
+from .._core.prefix import broadcast_prefix
+from .._core.resolve import LeafResolver
+from .._fastpath.reuse import _enabled as reuse_switch
+from .._core.roles import if_array, is_ref, parse_mode
+from .._core.share import unique_donation
+from .typing import Pmapped
+from .._core.varying import check_unmapped_outputs
+from .wrapper import Wrapper, call_error, dispatch, freeze, fun_donates, made_by
 
 __all__ = ["filter_pmap"]
 

@@ -16,8 +16,8 @@ import jax
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 
-from ._base.jax_compat import ArrayImpl, ShapedArray, shards_of
-from ._core.errors import device_count_error, in_axes_error, no_mapped_input_error
+from .._base.jax_compat import ArrayImpl, ShapedArray, shards_of
+from .._core.errors import device_count_error, in_axes_error, no_mapped_input_error
 
 __all__: list[str] = []
 

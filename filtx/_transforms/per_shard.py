@@ -26,10 +26,10 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding
 
-from ._base.jax_compat import is_committed, top_level
-from ._core.outputs import flattened
-from ._core.roles import is_ref
-from ._sharding import axis_kinds, entries, place
+from .._base.jax_compat import is_committed, top_level
+from .._core.outputs import flattened
+from .._core.roles import is_ref
+from .sharding import axis_kinds, entries, place
 
 __all__: list[str] = []
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, ParamSpec, Protocol, TypeVar, overload
 
-from ._lowering import Lowered, Traced
+from .lowering import Lowered, Traced
 
 __all__ = ["Jitted", "Mapped", "Pmapped"]
 

@@ -8,22 +8,22 @@ from typing import Any, Literal, ParamSpec, TypeVar, overload
 
 import jax
 
-from ._core.boundary import Boundary, Split, flat_function, unique_paths
-from ._core.entry import Entry
-from ._fastpath.reuse import _enabled as reuse_switch
-from ._base.indexing import first_positions
-from ._core.out_specs import OutAxes
-from ._lowering import AheadOfTime, lowering
-from ._core.outputs import OutputForm, pack_outputs
-from ._core.donation import donations_beside_refs
-from ._core.resolve import LeafResolver
-from ._core.roles import is_array, is_ref, parse_mode
-from ._core.eqx_errors import without_filtx_frames
-from ._core.errors import SpecError, output_path
-from ._sharding import OUT_SHARDINGS, SHARDINGS, check_mesh, place, placed, under_mesh
-from ._core.share import unique_donation
-from ._typing import Jitted
-from ._wrapper import Wrapper, check_options, freeze, fun_donates, made_by, recover
+from .._core.boundary import Boundary, Split, flat_function, unique_paths
+from .._core.entry import Entry
+from .._fastpath.reuse import _enabled as reuse_switch
+from .._base.indexing import first_positions
+from .._core.out_specs import OutAxes
+from .lowering import AheadOfTime, lowering
+from .._core.outputs import OutputForm, pack_outputs
+from .._core.donation import donations_beside_refs
+from .._core.resolve import LeafResolver
+from .._core.roles import is_array, is_ref, parse_mode
+from .._core.eqx_errors import without_filtx_frames
+from .._core.errors import SpecError, output_path
+from .sharding import OUT_SHARDINGS, SHARDINGS, check_mesh, place, placed, under_mesh
+from .._core.share import unique_donation
+from .typing import Jitted
+from .wrapper import Wrapper, check_options, freeze, fun_donates, made_by, recover
 
 __all__ = ["filter_jit"]
 

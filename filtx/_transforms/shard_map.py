@@ -16,24 +16,24 @@ from typing import Any, ParamSpec, TypeVar, overload
 import jax
 from jax.sharding import PartitionSpec
 
-from ._base.jax_compat import top_level, user_out_specs as _user_out_specs
-from ._core.boundary import Boundary, Split, flat_function, unique_paths
-from ._core.entry import Entry
-from ._core.caches import BoundedCache
-from ._core.eqx_errors import without_filtx_frames
-from ._core.errors import unknown_option_error
-from ._lowering import AheadOfTime, lowering
-from ._mapped import traced_numbers_as_arrays
-from ._core.out_specs import OutAxes, config_key, resolve_by_evaluation
-from ._core.outputs import pack_outputs, unpack
-from ._per_shard import PerShard, per_shard_shape
-from ._core.resolve import LeafResolver
-from ._fastpath.reuse import _enabled as reuse_switch
-from ._base.indexing import first_positions
-from ._core.roles import MODES, is_ref, static
-from ._sharding import OUT_SPECS, SPECS, ambient_concrete_mesh, ambient_mesh, check_mesh, inferred_spec, misplaced_error
-from ._typing import Jitted
-from ._wrapper import Wrapper, dispatch, freeze, made_by
+from .._base.jax_compat import top_level, user_out_specs as _user_out_specs
+from .._core.boundary import Boundary, Split, flat_function, unique_paths
+from .._core.entry import Entry
+from .._core.caches import BoundedCache
+from .._core.eqx_errors import without_filtx_frames
+from .._core.errors import unknown_option_error
+from .lowering import AheadOfTime, lowering
+from .mapped import traced_numbers_as_arrays
+from .._core.out_specs import OutAxes, config_key, resolve_by_evaluation
+from .._core.outputs import pack_outputs, unpack
+from .per_shard import PerShard, per_shard_shape
+from .._core.resolve import LeafResolver
+from .._fastpath.reuse import _enabled as reuse_switch
+from .._base.indexing import first_positions
+from .._core.roles import MODES, is_ref, static
+from .sharding import OUT_SPECS, SPECS, ambient_concrete_mesh, ambient_mesh, check_mesh, inferred_spec, misplaced_error
+from .typing import Jitted
+from .wrapper import Wrapper, dispatch, freeze, made_by
 
 __all__ = ["filter_shard_map"]
 

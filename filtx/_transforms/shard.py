@@ -9,11 +9,11 @@ from typing import Any
 
 import jax
 
-from ._base.jax_compat import top_level
-from ._core.errors import SpecError, keystr
-from ._core.prefix import broadcast_prefix
-from ._core.roles import check_callable_result, is_array, is_user_callable
-from ._sharding import OUT_SHARDINGS, ambient_concrete_mesh, check_mesh, place, placed, show
+from .._base.jax_compat import top_level
+from .._core.errors import SpecError, keystr
+from .._core.prefix import broadcast_prefix
+from .._core.roles import check_callable_result, is_array, is_user_callable
+from .sharding import OUT_SHARDINGS, ambient_concrete_mesh, check_mesh, place, placed, show
 
 __all__ = ["filter_shard"]
 

@@ -9,11 +9,11 @@ from typing import Any
 
 import jax
 
-from ._core.donation import hidden_depth, hide_jax_warning, show_jax_warning
-from ._core.eqx_errors import without_filtx_frames
-from ._export import exported_lowering
-from ._core.outputs import parts
-from ._wrapper import dispatch
+from .._core.donation import hidden_depth, hide_jax_warning, show_jax_warning
+from .._core.eqx_errors import without_filtx_frames
+from .export import exported_lowering
+from .._core.outputs import parts
+from .wrapper import dispatch
 
 __all__ = ["Traced", "Lowered", "Compiled", "AheadOfTime", "lowering"]
 

@@ -14,10 +14,10 @@ from typing import Any, Callable
 import jax
 from jax.sharding import AxisType, NamedSharding, PartitionSpec, Sharding
 
-from ._base.jax_compat import get_concrete_mesh, is_committed, top_level
-from ._core.errors import SpecError, describe
-from ._core.placement import Placement
-from ._core.roles import static
+from .._base.jax_compat import get_concrete_mesh, is_committed, top_level
+from .._core.errors import SpecError, describe
+from .._core.placement import Placement
+from .._core.roles import static
 
 __all__: list[str] = []
 

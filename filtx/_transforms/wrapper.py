@@ -14,16 +14,16 @@ from typing import Any, Callable
 
 import jax
 
-from ._base.jax_compat import aliased_ref_refused, deleted_array_refused, refused_aliasing
-from ._core.boundary import Split, unique_paths
-from ._core.entry import Entry
-from ._core.caches import code_owner, is_table_attribute, shared_by_code
-from ._core.errors import aliased_ref_error, deleted_array_error, owned_option_error, rename_dynamic, unknown_option_error
-from ._core.eqx_errors import equinox_runtime_error, without_filtx_frames
-from ._pickling import reduce_wrapper
-from ._core.roles import is_ref
-from ._sharding import misplaced_error
-from ._core.signature import signature_key
+from .._base.jax_compat import aliased_ref_refused, deleted_array_refused, refused_aliasing
+from .._core.boundary import Split, unique_paths
+from .._core.entry import Entry
+from .._core.caches import code_owner, is_table_attribute, shared_by_code
+from .._core.errors import aliased_ref_error, deleted_array_error, owned_option_error, rename_dynamic, unknown_option_error
+from .._core.eqx_errors import equinox_runtime_error, without_filtx_frames
+from .pickling import reduce_wrapper
+from .._core.roles import is_ref
+from .sharding import misplaced_error
+from .._core.signature import signature_key
 
 __all__ = [
     "Wrapper", "Bound", "freeze", "check_options", "as_pytree", "fun_donates", "dispatch", "recover", "call_error", "made_by",

@@ -28,8 +28,8 @@ import jax
 import jax.export  # a submodule JAX 0.7 does not import with `jax`
 from jax.tree_util import keystr
 
-from ._core.errors import call_leaf_paths, dynamic_paths
-from ._core.outputs import info_of_tree
+from .._core.errors import call_leaf_paths, dynamic_paths
+from .._core.outputs import info_of_tree
 
 __all__ = ["call_exported", "exported_lowering", "ExportedCall"]
 
