@@ -47,10 +47,10 @@ import os as _os
 
 from ._base.jax_compat import exclude_from_tracebacks as _exclude_from_tracebacks
 from ._core.caches import clear_caches
-from ._compare import compare_donation
-from ._comparison import DonationComparison, ModeRow
+from ._tools.compare import compare_donation
+from ._tools.comparison import DonationComparison, ModeRow
 from ._core.donation import UnusableDonationWarning
-from ._donation_report import DonationReport, DonationRow, donation_report
+from ._tools.donation_report import DonationReport, DonationRow, donation_report
 from ._core.eqx_errors import block_until_ready
 from ._transforms.export import call_exported
 from ._transforms.jit import filter_jit

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._core.roles import is_ref
+from .._core.roles import is_ref
 
 __all__ = [
     "fresh", "fresh_tree", "is_deleted", "block", "in_flight_window", "device_memory", "OwnPeak",

@@ -6,9 +6,9 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from ._compare import calls_per_round, own_peak_calls, quiet_donation_warnings, settle_calls, time_range, unsteady
-from ._compare_rows import make_runs
-from ._memory import device_memory, memory_figures
+from .compare import calls_per_round, own_peak_calls, quiet_donation_warnings, settle_calls, time_range, unsteady
+from .compare_rows import make_runs
+from .memory import device_memory, memory_figures
 
 __all__ = ["DonationBenchmark"]
 

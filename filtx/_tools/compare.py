@@ -15,12 +15,12 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from ._compare_rows import make_runs
-from ._compare_runs import Run
-from ._comparison import DonationComparison, ModeRow
-from ._core.donation import UnusableDonationWarning
-from ._memory import device_memory, memory_figures, outputs_differ
-from ._core.roles import is_ref
+from .compare_rows import make_runs
+from .compare_runs import Run
+from .comparison import DonationComparison, ModeRow
+from .._core.donation import UnusableDonationWarning
+from .memory import device_memory, memory_figures, outputs_differ
+from .._core.roles import is_ref
 
 __all__ = ["compare_donation", "compare", "quiet_donation_warnings", "calls_per_round", "settle_calls", "own_peak_calls", "unsteady", "time_range"]
 

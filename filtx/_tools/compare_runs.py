@@ -13,8 +13,8 @@ from typing import Any, Callable, Iterable
 import jax
 import numpy as np
 
-from ._memory import OwnPeak, block, fresh, fresh_tree, in_flight_window, is_deleted
-from ._core.roles import is_array, is_ref
+from .memory import OwnPeak, block, fresh, fresh_tree, in_flight_window, is_deleted
+from .._core.roles import is_array, is_ref
 
 __all__ = ["Run", "Feeding", "WHOLE"]
 
@@ -238,7 +238,7 @@ def _with_leaves(tree: Any, leaves_at: dict) -> Any:
 
 def _check_fed(label: str, args: tuple, new: tuple) -> None:
     if len(new) != len(args) or jax.tree_util.tree_structure(new) != jax.tree_util.tree_structure(args):
-        from ._core.errors import keystr
+        from .._core.errors import keystr
 
         old_paths = {keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(args)[0]}
         new_paths = {keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(new)[0]}

@@ -8,12 +8,12 @@ from typing import Any
 
 import jax
 
-from ._core.donation import describe_aval, donations_beside_refs, hidden_depth, reuse, show_jax_warning
-from ._core.errors import call_leaf_paths, keystr
-from ._base.indexing import first_positions
-from ._core.outputs import parts
-from ._core.roles import donate, static
-from ._core.share import unique_donation
+from .._core.donation import describe_aval, donations_beside_refs, hidden_depth, reuse, show_jax_warning
+from .._core.errors import call_leaf_paths, keystr
+from .._base.indexing import first_positions
+from .._core.outputs import parts
+from .._core.roles import donate, static
+from .._core.share import unique_donation
 
 __all__ = ["donation_report", "DonationReport", "DonationRow"]
 

@@ -13,13 +13,13 @@ from typing import Any, Callable
 
 import jax
 
-from ._core.caches import unshared
-from ._compare_runs import Feeding, Run
-from ._donation_report import donation_report
-from ._core.errors import call_leaf_paths
-from ._memory import fresh_tree, is_deleted
-from ._core.roles import is_array, parse_mode
-from ._transforms.wrapper import Bound, Wrapper, as_pytree
+from .._core.caches import unshared
+from .compare_runs import Feeding, Run
+from .donation_report import donation_report
+from .._core.errors import call_leaf_paths
+from .memory import fresh_tree, is_deleted
+from .._core.roles import is_array, parse_mode
+from .._transforms.wrapper import Bound, Wrapper, as_pytree
 
 __all__ = ["make_runs"]
 
@@ -51,7 +51,7 @@ def make_runs(step: Any, args: tuple, kwargs: dict, modes: Any, feed: Callable |
     """The rows of a comparison, modes that donate the same leaves merged."""
     if isinstance(step, Bound):
         args, kwargs, step = tuple(step.args) + tuple(args), {**step.keywords, **kwargs}, step.func
-    from ._transforms.jit import filter_jit
+    from .._transforms.jit import filter_jit
 
     if isinstance(step, Wrapper) and hasattr(step, "_made_by") and "donate" in step.options:
         factory, options, given = step._made_by[0], step.options, step._given
