@@ -1,4 +1,4 @@
-"""Outputs built by filtx's builder (see `filtx/_builder.py`) are the objects
+"""Outputs built by filtx's builder (see `filtx/_fastpath/builder.py`) are the objects
 `treedef.unflatten` builds: same types, same fields in the same order, the very
 same leaves; structures it cannot build keep `treedef.unflatten`."""
 

@@ -1,5 +1,5 @@
 """Calls laid out as the last ones take their split from a layout (see
-`filtx/_layout.py`): the results are the full path's, whatever changes between
+`filtx/_fastpath/layout.py`): the results are the full path's, whatever changes between
 calls, and a layout keeps no argument alive."""
 
 import gc
