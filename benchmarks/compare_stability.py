@@ -3,8 +3,9 @@
 For an `eqx.nn.MLP` of width 1024 trained with `optax.adam` (4, 64 and 256 MB of
 parameters, three times that with Adam's moments; batch 64), each run is a
 fresh process that runs the comparison with its defaults (modes `"none"` and
-`"arrays"`) and, interleaved with its timed rounds (after every second round),
-a hand-written loop of the same step under `filtx.filter_jit(donate=mode)`:
+`"arrays"`) and, interleaved with its timed rounds,
+a hand-written loop of the same step under `filtx.filter_jit(donate=mode)`
+(its rounds spread evenly over the comparison's):
 fresh copies of the model and the state, 30 steps with both fed back (a fresh
 copy of the batch per step where the mode donates it, made beforehand), one
 block at the end, the modes alternating, 5 rounds; the loop's figure is the
@@ -88,11 +89,12 @@ def worker(mb: float) -> dict:
     loop: dict = {mode: [] for mode in MODES}
     spent = [0.0]
 
-    def hand_round(r: int) -> None:
-        if r % 2 == 0:
+    def hand_round(r: int, rounds: int) -> None:
+        done = r * HAND_ROUNDS // rounds
+        if (r + 1) * HAND_ROUNDS // rounds == done:  # HAND_ROUNDS rounds, spread over the comparison's
             return
         begin = time.perf_counter()
-        for mode in MODES if (r // 2) % 2 == 0 else MODES[::-1]:
+        for mode in MODES if done % 2 == 0 else MODES[::-1]:
             donates = mode != "none"
             batches = [(x.copy(), y.copy()) if donates else (x, y) for _ in range(STEPS)]
             m, s = _copy(model), _copy(opt_state)

@@ -315,11 +315,22 @@ def test_device_peak_per_mode_on_a_device_with_allocator_statistics(monkeypatch)
 
 
 def test_time_range_flag_and_round_lengths():
-    from filtx._tools.compare import calls_per_round, settle_calls, time_range, unsteady
+    from filtx._tools.compare import calls_per_round, rounds_for, settle_calls, time_range, unsteady
 
-    assert time_range([3.0, 1.0, 2.0]) == (1.0, 3.0) and time_range([]) is None
-    assert not unsteady((1.0, 1.1)) and unsteady((1.0, 1.11)) and not unsteady(None)
-    assert calls_per_round(None) >= 1 and calls_per_round(1e-9) == 1000 and calls_per_round(10.0) == 1
+    assert time_range([]) is None and not unsteady([])
+    # steady rounds: the median, give or take the 2.5 % floor
+    assert time_range([1.0] * 10) == pytest.approx((0.975, 1.025))
+    # spread rounds: 2.5 standard errors of the median, from the quartiles
+    times = [1.0, 1.2] * 5
+    low, high = time_range(times)
+    error = 1.2533 * (np.percentile(times, 75) - np.percentile(times, 25)) / 1.349 / np.sqrt(10)
+    assert (low, high) == pytest.approx((1.1 - 2.5 * error, 1.1 + 2.5 * error))
+    # one round slowed by something else moves neither the range nor the flag much
+    assert time_range([1.0] * 9 + [5.0]) == pytest.approx((0.975, 1.025))
+    assert not unsteady([1.0] * 9 + [5.0]) and unsteady(times) and not unsteady([1.0, 1.05] * 5)
+    assert calls_per_round(None) >= 1 and calls_per_round(1e-9) == 30 and calls_per_round(10.0) == 1
+    assert calls_per_round(0.07) == 8 and calls_per_round(0.35) == 3 and calls_per_round(1e-3) == 30
+    assert rounds_for(30, 1e-3) == 67 and rounds_for(30, 1e-6) == 200 and rounds_for(1, 10.0) == 10
     assert settle_calls(10.0) == 3 and settle_calls(1e-3) >= 100
 
 
@@ -327,9 +338,20 @@ def test_rows_carry_their_range_in_the_table_dicts_and_plot(tmp_path):
     comparison = filtx.compare_donation(momentum_sgd, *state(), rounds=3, calls=2)
     for row, d in zip(comparison.rows, comparison.as_dicts()):
         low, high = row.seconds_range
-        assert low <= row.seconds_per_call <= high and d["seconds_range"] == [low, high]
-        assert row.unsteady == (high > 1.1 * low) and d["unsteady"] == row.unsteady
+        assert low < row.seconds_per_call < high and d["seconds_range"] == [low, high]
+        assert high - row.seconds_per_call >= 0.025 * row.seconds_per_call * (1 - 1e-9)
+        assert d["unsteady"] == row.unsteady
     flagged = ModeRow("none", ("none",), 2e-3, 1e-4, 0.1, same_result=True, seconds_range=(1e-3, 3e-3), unsteady=True)
     text = str(DonationComparison("f", (flagged,), 3, 2))
     assert "2 ms !" in text and "1-3 ms" in text and "read the range" in text
     comparison.plot(tmp_path / "p.png")
+
+
+def test_rounds_default_to_about_two_seconds_and_a_hook_runs_between_them():
+    from filtx._tools.compare import compare
+
+    seen = []
+    comparison = compare(momentum_sgd, state(), {}, modes=["none"], calls=2, between_rounds=lambda r, n: seen.append((r, n)))
+    assert 10 <= comparison.rounds <= 200 and seen == [(r, comparison.rounds) for r in range(comparison.rounds)]
+    with pytest.raises(ValueError, match="rounds and calls are positive"):
+        filtx.compare_donation(momentum_sgd, *state(), rounds=0)

@@ -52,7 +52,7 @@ class DonationBenchmark:
 
             benchmark.pedantic(timed, setup=lambda: ((run.prepare(calls),), {}), rounds=rounds, iterations=1)
             spread = time_range(times)
-            info.update(seconds_range=list(spread), unsteady=unsteady(spread))
+            info.update(seconds_range=list(spread), unsteady=unsteady(times))
             call, live_args, live_kwargs = run.live_inputs()
             figures = memory_figures(run.lower(call, live_args, live_kwargs))
             unusable = run.report(call, live_args, live_kwargs)

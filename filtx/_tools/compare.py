@@ -22,14 +22,17 @@ from .._core.donation import UnusableDonationWarning
 from .memory import device_memory, memory_figures, outputs_differ
 from .._core.roles import is_ref
 
-__all__ = ["compare_donation", "compare", "quiet_donation_warnings", "calls_per_round", "settle_calls", "own_peak_calls", "unsteady", "time_range"]
+__all__ = ["compare_donation", "compare", "quiet_donation_warnings", "calls_per_round", "rounds_for", "settle_calls", "own_peak_calls", "unsteady", "time_range"]
 
-_TARGET_ROUND = 0.2  # seconds: without `calls`, a round is about this long
-_MIN_CALLS = 1
+_TARGET_ROUND = 0.2  # seconds: without `calls`, a round is about this long, but
+_LOOP = 30  # ... at most 30 calls (a loop that reads its loss now and then), and
+_ROUND_CALLS, _LONG_ROUND = 8, 1.0  # at least 8 calls, where 8 take at most 1 s
+_TIMED, _MIN_ROUNDS, _MAX_ROUNDS = 2.0, 10, 200  # without `rounds`: about 2 s of timed calls per mode
 _MAX_CALLS = 1000
 _SETTLE = 0.5  # seconds of untimed calls per mode before its rounds
 _MIN_SETTLE = 3
-_UNSTEADY = 1.10  # a row whose rounds' slowest is more than this times its fastest is flagged
+_SPREAD, _FLOOR = 2.5, 0.025  # the range: the median give or take 2.5 standard errors, at least 2.5 %
+_UNSTEADY = 1.10  # a row whose rounds' upper quartile is more than this times the lower is flagged
 
 
 @contextlib.contextmanager
@@ -43,7 +46,7 @@ def quiet_donation_warnings():
 
 
 def compare_donation(
-    step: Any, /, *args: Any, modes: Any = None, rounds: int = 10, calls: int | None = None,
+    step: Any, /, *args: Any, modes: Any = None, rounds: int | None = None, calls: int | None = None,
     feed: Callable | None = None, baselines: tuple = (), progress: bool | None = None, **kwargs: Any,
 ) -> DonationComparison:
     """Run your own step under several donation modes and measure each: time per
@@ -62,11 +65,13 @@ def compare_donation(
         `"strict"`, `"all"`, `"all-except-first"`, `"warn-except-first"`); by
         default the wrapper's own mode, `"none"` and `"arrays"`. Modes that donate
         exactly the same leaves share a row (`"warn / arrays"`).
-    - `rounds`: timed rounds per mode, modes interleaved round-robin.
-    - `calls`: warm calls per round, pipelined, one block at the end (default:
-        about 0.2 s a round, from 1 to 1000 calls). Before its rounds, each mode
-        runs untimed so that its allocator settles: about 0.5 s (at least 3
-        calls), or `calls` calls where given.
+    - `rounds`: timed rounds per mode, modes interleaved round-robin (default:
+        about 2 s of timed calls per mode, from 10 to 200 rounds).
+    - `calls`: warm calls per round, pipelined, one block at the end, as a
+        training loop that reads its loss now and then (default: about 0.2 s a
+        round, at most 30 calls; at least 8 where they take at most 1 s). Before
+        its rounds, each mode runs untimed so that its allocator settles: about
+        0.5 s (at least 3 calls), or `calls` calls where given.
     - `feed`: `feed(args, out) -> next positional args`: how an output becomes the
         next call's arguments. By default the whole output replaces `args[0]`
         where it has its structure and abstract values; else each output item
@@ -116,13 +121,14 @@ def compare_donation(
 
 
 def compare(
-    step: Any, args: tuple, kwargs: dict, *, modes: Any = None, rounds: int = 10, calls: int | None = None,
+    step: Any, args: tuple, kwargs: dict, *, modes: Any = None, rounds: int | None = None, calls: int | None = None,
     feed: Callable | None = None, baselines: tuple = (), progress: bool | None = None,
-    between_rounds: Callable[[int], None] | None = None,
+    between_rounds: Callable[[int, int], None] | None = None,
 ) -> DonationComparison:
-    """`compare_donation`'s body; `between_rounds(r)`, where given, runs after
-    timed round `r` (a benchmark's own loop, interleaved with the rounds)."""
-    if rounds < 1 or (calls is not None and calls < 1):
+    """`compare_donation`'s body; `between_rounds(r, rounds)`, where given, runs
+    after timed round `r` of `rounds` (a benchmark's own loop, interleaved with
+    the rounds)."""
+    if (rounds is not None and rounds < 1) or (calls is not None and calls < 1):
         raise ValueError(f"compare_donation: rounds and calls are positive, got rounds={rounds}, calls={calls}.")
     name = getattr(step, "name", None) or getattr(step, "__qualname__", None) or type(step).__name__
     runs = make_runs(step, args, kwargs, modes, feed, baselines)
@@ -148,6 +154,8 @@ def compare(
                 settled = seconds / settle if settled is None else min(settled, seconds / settle)
         if calls is None:
             calls = calls_per_round(settled or estimate)
+        if rounds is None:
+            rounds = rounds_for(calls, settled or estimate)
         if device_memory() is not None:  # each mode's own peak, on a device that reports one
             for run in _ok(runs):
                 _guarded(run, lambda r=run: r.own_peak(own_peak_calls(calls), _figures(r).get("peak_bytes")))
@@ -161,7 +169,7 @@ def compare(
                 if seconds is not None:
                     run.times.append(seconds / calls)
             if between_rounds is not None:
-                between_rounds(r)
+                between_rounds(r, rounds)
             bar.step(r + 1)
         bar.close()
         rows, devices = _rows(runs)
@@ -169,9 +177,24 @@ def compare(
 
 
 def calls_per_round(estimate: float | None) -> int:
-    """Warm calls per timed round, from one call's time: about `_TARGET_ROUND`
-    seconds, at least `_MIN_CALLS`."""
-    return max(_MIN_CALLS, min(_MAX_CALLS, math.ceil(_TARGET_ROUND / max(estimate or _TARGET_ROUND, 1e-7))))
+    """Warm calls per timed round, from one settled call's time: about
+    `_TARGET_ROUND` seconds but at most `_LOOP` calls, as a training loop that
+    reads its loss every few dozen steps (each block costs such a loop a
+    pipeline's start again: a round of hundreds of calls would hide that); and
+    at least `_ROUND_CALLS` where they take at most `_LONG_ROUND` (a step of tens
+    of milliseconds that allocates its state anew varies from call to call: a
+    round averages over more of them)."""
+    seconds = max(estimate or _TARGET_ROUND, 1e-7)
+    wanted = min(_LOOP, math.ceil(_TARGET_ROUND / seconds))
+    wanted = max(wanted, min(_ROUND_CALLS, math.ceil(_LONG_ROUND / seconds)))
+    return max(1, min(_MAX_CALLS, wanted))
+
+
+def rounds_for(calls: int, estimate: float | None) -> int:
+    """Timed rounds per mode without `rounds`: about `_TIMED` seconds of timed
+    calls, from `_MIN_ROUNDS` to `_MAX_ROUNDS` rounds."""
+    seconds = max(estimate or _TIMED, 1e-7) * calls
+    return max(_MIN_ROUNDS, min(_MAX_ROUNDS, math.ceil(_TIMED / seconds)))
 
 
 def own_peak_calls(calls: int) -> int:
@@ -217,17 +240,30 @@ def _figures(run: Run) -> dict:
 
 
 def time_range(times: Any) -> tuple[float, float] | None:
-    """The range a row reports: the fastest and the slowest of its rounds'
-    per-call times (each round a loop of pipelined calls with outputs fed back,
-    after the mode has settled)."""
+    """The range a row reports, `(low, high)`: where the time per call of a
+    loop of this mode lies in this process, from its rounds (each round a loop
+    of pipelined calls with outputs fed back, after the mode has settled): the
+    median of the rounds, give or take `_SPREAD` standard errors of that median
+    (from the rounds' interquartile range, so that one round slowed by something
+    else does not widen it), and at least `_FLOOR` of it."""
     times = np.asarray(times, dtype=float)
-    return (float(times.min()), float(times.max())) if times.size else None
+    if not times.size:
+        return None
+    median = float(np.median(times))
+    upper, lower = np.percentile(times, [75, 25])
+    error = 1.2533 * (upper - lower) / 1.349 / math.sqrt(times.size)  # of the median, for a normal spread
+    half = max(_FLOOR * median, _SPREAD * float(error))
+    return (median - half, median + half)
 
 
-def unsteady(seconds_range: tuple[float, float] | None) -> bool:
-    """Whether a row's rounds disagree by more than 10 %: its slowest round is
-    more than `_UNSTEADY` times its fastest."""
-    return seconds_range is not None and seconds_range[1] > _UNSTEADY * seconds_range[0]
+def unsteady(times: Any) -> bool:
+    """Whether a row's rounds disagree by more than 10 %: their upper quartile
+    is more than `_UNSTEADY` times their lower one."""
+    times = np.asarray(times, dtype=float)
+    if not times.size:
+        return False
+    upper, lower = np.percentile(times, [75, 25])
+    return bool(upper > _UNSTEADY * lower)
 
 
 def _rows(runs: list[Run]) -> tuple[list[ModeRow], int]:
@@ -248,7 +284,7 @@ def _rows(runs: list[Run]) -> tuple[list[ModeRow], int]:
             seconds_per_call=float(np.median(times)) if times.size else None,
             seconds_iqr=float(np.subtract(*np.percentile(times, [75, 25]))) if times.size else None,
             first_call_seconds=run.first, unusable=unusable, same_result=same, max_difference=difference,
-            device_peak_bytes=run.device_peak, seconds_range=spread, unsteady=unsteady(spread), **figures,
+            device_peak_bytes=run.device_peak, seconds_range=spread, unsteady=unsteady(times), **figures,
         ))
     return rows, devices
 

@@ -25,12 +25,14 @@ class ModeRow:
         round is `calls` pipelined calls with outputs fed back and one block,
         after the mode has run untimed long enough for its allocator to
         settle); `seconds_iqr`: the interquartile range of those per-call times;
-        `seconds_range`: the fastest and the slowest round, `(low, high)`: where
-        a loop of this mode in this process lands, as far as the rounds saw.
-    - `unsteady`: the rounds disagree by more than 10 % (the slowest is over
-        1.1 times the fastest): read the time as the range, not the median. A
-        step that allocates its whole state anew every call (no donation) is
-        often unsteady on CPU; the donation guide says why.
+        `seconds_range`: `(low, high)`, where the time per call of a loop of
+        this mode lies in this process: the median give or take 2.5 standard
+        errors of it (from the rounds' interquartile range), at least 2.5 %.
+    - `unsteady`: the rounds disagree by more than 10 % (their upper quartile
+        is over 1.1 times their lower): the time moves from call to call, and
+        two runs may read further apart than one run's range. A step that
+        allocates its whole state anew every call (no donation) is often
+        unsteady on CPU; the donation guide says why.
     - `first_call_seconds`: a cold call (trace, compile, run), with nothing cached.
     - `peak_bytes`: the device memory the step needs while it runs, from the
         compiled executable's memory analysis (XLA's simulated heap peak);
@@ -206,8 +208,8 @@ class DonationComparison:
         notes = [f"fed back: {self.fed}"] if self.fed else []
         if any(r.unsteady for r in self.rows):
             notes.append(
-                "! its rounds disagree by more than 10 %: read the range, not the median (a busy machine, "
-                "or, without donation, the allocator's state moves a step's time: see the donation guide)"
+                "! its rounds disagree by more than 10 %: its time moves from call to call (a busy machine, "
+                "or, without donation, the allocator's state: see the donation guide); read the range"
             )
         if any(r.peak_source == "sum" for r in self.rows):
             notes.append(
@@ -251,7 +253,7 @@ class DonationComparison:
         high = [(r.seconds_range or (0, 0))[1] * 1e3 - m if r.seconds_range else 0 for m, r in zip(ms, rows)]
         time_axes.bar(labels, ms, yerr=[low, high], capsize=3, color="tab:blue")
         time_axes.set_ylabel("time per warm call (ms)")
-        time_axes.set_title("time (median, range of rounds)")
+        time_axes.set_title("time (median, its range)")
         memory_axes.bar(labels, [(r.peak_bytes or 0) / 1e6 for r in rows], color="tab:orange", label="XLA")
         if any(r.device_peak_bytes is not None for r in rows):
             memory_axes.plot(labels, [(r.device_peak_bytes or 0) / 1e6 for r in rows], "kD", label="device")
