@@ -184,3 +184,23 @@ def test_the_unusable_donation_pattern_matches_jaxs_warning_and_not_filtxs():
         filtx.filter_jit(lambda w, x: (w * 2, x.sum()), donate="warn")(jnp.ones(3), jnp.ones(5))
     ours = [str(w.message) for w in caught if w.category is filtx.UnusableDonationWarning]
     assert ours and not any(UNUSABLE_DONATION_WARNING.match(m) for m in ours)
+
+
+def test_an_executables_argument_avals_say_which_are_refs():
+    """`arg_aval` reads `jax.stages.ArgInfo`'s private abstract value; the
+    comparison's byte counts leave a `jax.Ref`'s write-back out of donation."""
+    from filtx._base.jax_compat import ANY_UNUSABLE_DONATION, arg_aval, is_ref_aval
+
+    def step(ref, x):
+        ref[...] = ref[...] + x
+        return x * 2
+
+    compiled = jax.jit(step).lower(jax.new_ref(jnp.zeros(3)), jnp.ones(3)).compile()
+    infos = [a for a in jax.tree_util.tree_leaves(compiled.args_info, is_leaf=lambda a: hasattr(a, "donated"))]
+    avals = [arg_aval(a) for a in infos]
+    assert [is_ref_aval(a) for a in avals] == [True, False]
+    assert avals[1].shape == (3,) and avals[1].dtype == jnp.float32
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        jax.jit(lambda x, y: x + 1, donate_argnums=(1,))(jnp.ones(3), jnp.ones(7)).block_until_ready()
+    assert any(str(w.message).startswith(ANY_UNUSABLE_DONATION) for w in caught)

@@ -37,6 +37,9 @@ __all__ = [
     "names_out_axes",
     "user_out_specs",
     "UNUSABLE_DONATION_WARNING",
+    "ANY_UNUSABLE_DONATION",
+    "arg_aval",
+    "is_ref_aval",
 ]
 
 # ---------------------------------------------------------------------------
@@ -146,3 +149,17 @@ def user_out_specs(error: ValueError) -> None:
 # JAX's warning for donated buffers no output reuses lists avals; filtx's own,
 # with the same opening, lists paths (which this does not match).
 UNUSABLE_DONATION_WARNING = re.compile("Some donated buffers were not usable: (?!args|kwargs|fun)")
+
+# The opening of both: JAX's warning and filtx's (a comparison silences either).
+ANY_UNUSABLE_DONATION = "Some donated buffers were not usable"
+
+
+def arg_aval(info: Any) -> Any:
+    """The abstract value of a compiled executable's argument (`jax.stages.ArgInfo`
+    keeps it private: its public `shape` and `dtype` do not say a `jax.Ref`)."""
+    return info._aval
+
+
+def is_ref_aval(aval: Any) -> bool:
+    """Whether an abstract value is a `jax.Ref`'s."""
+    return hasattr(aval, "inner_aval") or (bool(AbstractRef) and isinstance(aval, AbstractRef))

@@ -2,7 +2,7 @@
 modes: time per warm call (round-robin), the first call, the memory the
 compiled step needs, bytes donated and reused, unusable donations by path, and
 whether the results agree. The rows are `_compare_runs.Run`s; the figures come
-from `_memory`; the result is a `_comparison.DonationComparison`."""
+from `memory`; the result is a `comparison.DonationComparison`."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
+from .._base.jax_compat import ANY_UNUSABLE_DONATION
 from .compare_rows import make_runs
 from .compare_runs import Run
 from .comparison import DonationComparison, ModeRow
@@ -41,7 +42,7 @@ def quiet_donation_warnings():
     warnings about them are not repeated while it runs."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UnusableDonationWarning)
-        warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+        warnings.filterwarnings("ignore", message=ANY_UNUSABLE_DONATION)
         yield
 
 

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._base.jax_compat import arg_aval, is_ref_aval
 from .._core.roles import is_ref
 
 __all__ = [
@@ -153,9 +154,9 @@ def memory_figures(compiled: Any) -> dict[str, Any]:
         )
         out.update(peak_bytes=int(total), peak_source="sum")
     # A jax.Ref's write-back is aliased to its input too: that is not donation.
-    refs = sum(_shard_bytes(a._aval, shardings.get(i)) for i, a in enumerate(infos) if _is_ref_aval(a._aval))
+    refs = sum(_shard_bytes(arg_aval(a), shardings.get(i)) for i, a in enumerate(infos) if is_ref_aval(arg_aval(a)))
     out["reused_bytes"] = max(0, int(analysis.alias_size_in_bytes) - refs)
-    out["donated_bytes"] = sum(_shard_bytes(a._aval, shardings.get(i)) for i, a in enumerate(infos) if a.donated)
+    out["donated_bytes"] = sum(_shard_bytes(arg_aval(a), shardings.get(i)) for i, a in enumerate(infos) if a.donated)
     return out
 
 
@@ -172,10 +173,6 @@ def _input_shardings(inner: Any, count: int) -> dict[int, Any]:
     if kept is not None and len(kept) == len(shardings):
         return dict(zip(sorted(kept), shardings))
     return {}
-
-
-def _is_ref_aval(aval: Any) -> bool:
-    return hasattr(aval, "inner_aval") or type(aval).__name__ == "AbstractRef"
 
 
 def _shard_bytes(aval: Any, sharding: Any) -> int:
