@@ -48,6 +48,6 @@ def donation_benchmark(request: Any) -> Any:
             "the donation_benchmark fixture needs pytest-benchmark, an optional extra of "
             "filtx: pip install 'filtx[benchmark]' (or pip install pytest-benchmark)."
         ) from None
-    from filtx._benchmark_fixture import DonationBenchmark  # filtx and JAX load here, on first use
+    from filtx._tools.benchmark_fixture import DonationBenchmark  # filtx and JAX load here, on first use
 
     return DonationBenchmark(benchmark, request.node)

@@ -77,8 +77,8 @@ def worker(mb: float) -> dict:
     import jax
 
     import filtx
-    from filtx import _compare
-    from filtx._compare import compare
+    from filtx._tools import compare as _compare
+    from filtx._tools.compare import compare
 
     raw: list = []  # every row's round figures, in row order, as the comparison's range reads them
     time_range = _compare.time_range

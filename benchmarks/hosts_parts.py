@@ -13,8 +13,8 @@ The four variants are timed round-robin (orders alternating, each round's time
 over its baseline's in that round, medians and quartiles of those ratios),
 then each filtx variant is profiled (`cProfile`, 20 steps) and its host time
 split by filtx's own functions: the host-local to global conversions
-(`_hosts`, `filter_pmap` only), the split of the call (`_boundary`), the
-donation check (`_share`), building the outputs, and the compiled call
+(`_transforms/hosts`, `filter_pmap` only), the split of the call
+(`_core/boundary`), the donation check (`_fastpath/buffers`), building the outputs, and the compiled call
 itself. Last, whether `eqx.filter_pmap` runs the step there at all. Process 0
 prints.
 
@@ -97,22 +97,22 @@ def worker(options) -> None:
 
 
 PREPARE = [
-    ("  prepare (flatten or records, split)", "_boundary.py", "prepare"),
-    ("    deleted arrays refused (_buffers.any_deleted)", "_buffers.py", "any_deleted"),
-    ("    donation check (_buffers.buffer_keys)", "_buffers.py", "buffer_keys"),
+    ("  prepare (flatten or records, split)", "_core/boundary.py", "prepare"),
+    ("    deleted arrays refused (buffers.any_deleted)", "_fastpath/buffers.py", "any_deleted"),
+    ("    donation check (buffers.buffer_keys)", "_fastpath/buffers.py", "buffer_keys"),
 ]
 PARTS = {
     "filter_pmap": [
-        ("the whole call (filter_pmap.__call__)", "_pmap.py", "__call__"), *PREPARE,
-        ("  to global arrays (Hosts.to_global)", "_hosts.py", "to_global"),
-        ("  the compiled call (PerShard.__call__)", "_per_shard.py", "__call__"),
-        ("  to local arrays (Hosts.to_local)", "_hosts.py", "to_local"),
-        ("  outputs built and recorded (finish)", "_boundary.py", "finish"),
+        ("the whole call (filter_pmap.__call__)", "_transforms/pmap.py", "__call__"), *PREPARE,
+        ("  to global arrays (Hosts.to_global)", "_transforms/hosts.py", "to_global"),
+        ("  the compiled call (PerShard.__call__)", "_transforms/per_shard.py", "__call__"),
+        ("  to local arrays (Hosts.to_local)", "_transforms/hosts.py", "to_local"),
+        ("  outputs built and recorded (finish)", "_core/boundary.py", "finish"),
     ],
     "filter_jit+shardings": [
-        ("the whole call (filter_jit.__call__)", "_jit.py", "__call__"), *PREPARE,
-        ("  the compiled call (_wrapper.dispatch)", "_wrapper.py", "dispatch"),
-        ("  outputs built and recorded (finish)", "_boundary.py", "finish"),
+        ("the whole call (filter_jit.__call__)", "_transforms/jit.py", "__call__"), *PREPARE,
+        ("  the compiled call (wrapper.dispatch)", "_transforms/wrapper.py", "dispatch"),
+        ("  outputs built and recorded (finish)", "_core/boundary.py", "finish"),
     ],
 }
 

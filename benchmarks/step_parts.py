@@ -49,7 +49,7 @@ import numpy as np  # noqa: E402
 import bench_dispatch as bd  # noqa: E402
 from _support import models  # noqa: E402
 
-from filtx._outputs import parts  # noqa: E402  (a profile: it reads filtx's internals)
+from filtx._core.outputs import parts  # noqa: E402  (a profile: it reads filtx's internals)
 
 LOOPS = {"floor": "jax.jit-leaves", "floor + build": "jax.jit-leaves-build", "jax.jit": "jax.jit-params", "filtx": "filtx"}
 

@@ -3,69 +3,84 @@
 Every leaf that crosses `filter_jit`, `filter_vmap` or `filter_pmap` is
 **static**, **traced** or **donated**; see the documentation.
 
-Where each rule lives (transforms are thin compositions of the layers below
-them, never importing each other):
+Where each rule lives: five layers as folders, imports running one way
+(`_base` <- `_fastpath` <- `_core` <- `_transforms` <- `_tools` <- this
+module; a module imports only from its own layer or those to its left, and
+transforms never import each other). Each folder's README.md says what it
+owns, its words, and what it may import.
 
-- `_roles`: the roles, `is_array`/`if_array`, the donation modes, one leaf's rule
-- `_prefix`: broadcasting a spec prefix over a tree, with the mismatch's path
-- `_signature`: binding a call to the function's parameters; specs by position or name
-- `_resolve`: (fun, args, kwargs) -> the role (and in axis) of every leaf
-- `_plan`: plans per call signature, canonical plans, callable-spec variants
-- `_boundary`: flatten once, split by plan, key the cache; rebuild the call inside
-- `_entry`: what a call dispatches to (a compiled call; donating ones guard JAX's warning)
-- `_share`: sharing patterns, donation of aliased buffers, `unshare`/`reshare`
-- `_buffers`: which device buffers values stand on (the donation check's keys)
-- `_outputs`: the one carrier of non-array and shared outputs
-- `_gather`: picking, repeating and merging leaf positions (the getters the others use)
-- `_out_specs`: output specs, callables resolved by abstract evaluation
-- `_placement`: the per-leaf placements (axes, shardings, shard_map specs)
-- `_sharding`: shardings per leaf, read against a mesh, checked by path
-- `_varying`: which pmap outputs differ across devices
-- `_leaks`: tracers hidden in returned objects
-- `_reuse`: records of returned objects, reused instead of flattened again
-- `_caches`: bounded caches, `clear_caches`, compile state shared by equal wrappers
-- `_wrapper`: what every wrapper shares (decorators, binding, equality, dispatch, and
-  what a failed call raises)
-- `_lowering`: the ahead-of-time stages (`.trace`, `.lower`, `.eval_shape`, `.clear_cache`)
-- `_export`: `jax.export` over whole pytrees, and `call_exported`
-- `_pickling`: wrappers pickled as the public call that made them
-- `_mapped`: what the mapped transforms share
-- `_donation`: which donated buffers an output reuses; warnings and the strict mode
-- `_donation_report`: `donation_report`
-- `_compare`, `_compare_rows`, `_compare_runs`, `_comparison`, `_memory`: `compare_donation` (its rows, how a row runs, its result, what it reads off arrays and executables)
-- `_mutation`: arguments changed in place inside a function (`MutatedArgumentWarning`)
-- `_errors`: every user-facing message; `_explain`: explained retraces
-- `_eqx_errors`: Equinox's runtime errors raised as `eqx.filter_jit` raises them
-- `_per_shard`: `jax.jit(jax.shard_map(...))`, what filter_shard_map and filter_pmap share
-- `_hosts`: filter_pmap's devices, and its conversions under several processes
-- `_typing`: the wrappers' static types
-- `_jit`, `_vmap`, `_pmap`, `_shard_map`, `_shard`: the transforms
+- `_base/`: nothing of filtx below it
+  - `jax_compat`: every private JAX name and every match on a JAX message
+  - `arrays`: `is_array`, `is_ref`; `nodes`: the pytree node predicates;
+    `indexing`: the gathers over flat lists; `aliasing`: `PartialAliasing`
+- `_fastpath/`: memos of the per-call work, importing `_base` only
+  - `reuse`: records of returned objects, reused instead of flattened again
+  - `layout`: a call's dynamic leaves taken without flattening
+  - `builder`: outputs rebuilt by code made for their structure
+  - `buffers`: which device buffers values stand on (the donation check's keys)
+- `_core/`: the boundary and its rules
+  - `roles`: the roles, `if_array`, the donation modes, one leaf's rule
+  - `prefix`: broadcasting a spec prefix over a tree, with the mismatch's path
+  - `signature`: binding a call to the function's parameters; specs by position or name
+  - `placement`: the per-leaf placements (axes, shardings, shard_map specs)
+  - `resolve`: (fun, args, kwargs) -> the role (and in axis) of every leaf
+  - `plan`: plans per call signature, canonical plans, callable-spec variants
+  - `share`: sharing patterns, donation of aliased buffers, `unshare`/`reshare`
+  - `outputs`: the one carrier of non-array and shared outputs
+  - `out_specs`: output specs, callables resolved by abstract evaluation
+  - `boundary`: flatten once, split by plan, key the cache; rebuild the call inside
+  - `entry`: what a call dispatches to (a compiled call; donating ones guard JAX's warning)
+  - `donation`: which donated buffers an output reuses; warnings and the strict mode
+  - `errors`: every user-facing message; `explain`: explained retraces
+  - `mutation`: arguments changed in place inside a function (`MutatedArgumentWarning`)
+  - `eqx_errors`: Equinox's runtime errors raised as `eqx.filter_jit` raises them
+  - `caches`: bounded caches, `clear_caches`, compile state shared by equal wrappers
+  - `leaks`: tracers hidden in returned objects; `varying`: which pmap outputs
+    differ across devices
+- `_transforms/`: the transforms and what they share
+  - `jit`, `vmap`, `pmap`, `shard_map`, `shard`: the transforms
+  - `wrapper`: what every wrapper shares (decorators, binding, equality, dispatch,
+    and what a failed call raises)
+  - `lowering`: the ahead-of-time stages (`.trace`, `.lower`, `.eval_shape`, `.clear_cache`)
+  - `export`: `jax.export` over whole pytrees, and `call_exported`
+  - `pickling`: wrappers pickled as the public call that made them
+  - `typing`: the wrappers' static types
+  - `sharding`: shardings per leaf, read against a mesh, checked by path
+  - `per_shard`: `jax.jit(jax.shard_map(...))`, what filter_shard_map and filter_pmap share
+  - `hosts`: filter_pmap's devices, and its conversions under several processes
+  - `mapped`: what the mapped transforms share
+- `_tools/`: built on the transforms
+  - `compare`, `compare_rows`, `compare_runs`, `comparison`, `memory`:
+    `compare_donation` (its rows, how a row runs, its result, what it reads off
+    arrays and executables)
+  - `donation_report`: `donation_report`
+  - `benchmark_fixture`: the `donation_benchmark` pytest fixture's body
 """
 
 import importlib.metadata as _metadata
 import os as _os
 
-from jax._src import traceback_util as _traceback_util
-
-from ._caches import clear_caches
-from ._compare import compare_donation
-from ._comparison import DonationComparison, ModeRow
-from ._donation import UnusableDonationWarning
-from ._donation_report import DonationReport, DonationRow, donation_report
-from ._eqx_errors import block_until_ready
-from ._export import call_exported
-from ._jit import filter_jit
-from ._mutation import MutatedArgumentWarning
-from ._pmap import filter_pmap
-from ._reuse import reuse_outputs
-from ._roles import donate, if_array, is_array, static, traced
-from ._shard import filter_shard
-from ._shard_map import filter_shard_map
-from ._share import SharingPattern, reshare, unshare
-from ._vmap import filter_vmap
+from ._base.arrays import is_array
+from ._base.jax_compat import exclude_from_tracebacks as _exclude_from_tracebacks
+from ._fastpath.reuse import reuse_outputs
+from ._core.caches import clear_caches
+from ._core.donation import UnusableDonationWarning
+from ._core.eqx_errors import block_until_ready
+from ._core.mutation import MutatedArgumentWarning
+from ._core.roles import donate, if_array, static, traced
+from ._core.share import SharingPattern, reshare, unshare
+from ._transforms.export import call_exported
+from ._transforms.jit import filter_jit
+from ._transforms.pmap import filter_pmap
+from ._transforms.shard import filter_shard
+from ._transforms.shard_map import filter_shard_map
+from ._transforms.vmap import filter_vmap
+from ._tools.compare import compare_donation
+from ._tools.comparison import DonationComparison, ModeRow
+from ._tools.donation_report import DonationReport, DonationRow, donation_report
 
 # Tracebacks through JAX's API boundaries hide filtx's frames, as they hide JAX's.
-_traceback_util.register_exclusion(_os.path.dirname(__file__))
+_exclude_from_tracebacks(_os.path.dirname(__file__))
 
 
 def _version() -> str:

@@ -49,7 +49,7 @@ def make_batches():
 def count_conversions():
     """Record in `converted` how many leaves each call converts from host-local to
     global arrays (the model a step returned and takes back is not converted)."""
-    from filtx import _hosts
+    from filtx._transforms import hosts as _hosts
 
     convert = _hosts.multihost_utils.host_local_array_to_global_array
 

@@ -137,7 +137,7 @@ def placed_as(x, mesh, spec) -> bool:
 
 
 # ---------------------------------------------------------------------------
-# The three transforms that keep records (see filtx/_reuse.py), each wrapping a
+# The three transforms that keep records (see filtx/_fastpath/reuse.py), each wrapping a
 # function of unmapped arguments on one device so that one test body runs on all.
 
 RECORDING_TRANSFORMS = ("filter_jit", "filter_pmap", "filter_shard_map")

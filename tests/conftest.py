@@ -12,7 +12,7 @@ jax.config.update("jax_enable_x64", False)
 import pytest  # noqa: E402
 
 import filtx  # noqa: E402
-import filtx._reuse as _reuse  # noqa: E402
+import filtx._fastpath.reuse as _reuse  # noqa: E402
 
 # The key behaviour tests run both with and without reusing returned objects
 # (filtx.reuse_outputs): results must be the same either way. With reuse on, the

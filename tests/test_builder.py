@@ -1,4 +1,4 @@
-"""Outputs built by filtx's builder (see `filtx/_builder.py`) are the objects
+"""Outputs built by filtx's builder (see `filtx/_fastpath/builder.py`) are the objects
 `treedef.unflatten` builds: same types, same fields in the same order, the very
 same leaves; structures it cannot build keep `treedef.unflatten`."""
 
@@ -13,7 +13,7 @@ import optax
 import pytest
 
 import filtx
-from filtx._builder import _same_nodes, make_builder
+from filtx._fastpath.builder import _same_nodes, make_builder
 
 Pair = collections.namedtuple("Pair", ["a", "b"])
 

@@ -84,7 +84,7 @@ def test_no_log_when_the_flag_is_off(caplog):
 
 
 def test_entry_cache_is_bounded(monkeypatch):
-    import filtx._boundary as boundary
+    import filtx._core.boundary as boundary
 
     monkeypatch.setattr(boundary, "MAX_ENTRIES_PER_PLAN", 4)
     f = filtx.filter_jit(lambda x, k: x * k)

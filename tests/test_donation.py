@@ -250,7 +250,7 @@ class Params(eqx.Module):
 
 
 def pmap_sgd(monkeypatch):
-    import filtx._reuse as reuse
+    import filtx._fastpath.reuse as reuse
 
     monkeypatch.setattr(reuse, "MIN_LEAVES", 1)
     n = jax.local_device_count()
@@ -263,7 +263,7 @@ def pmap_sgd(monkeypatch):
 
 
 def test_outputs_fed_back_to_a_donating_pmap_are_not_walked_shard_by_shard(monkeypatch):
-    import filtx._buffers as share
+    import filtx._fastpath.buffers as share
 
     f, p, x = pmap_sgd(monkeypatch)
     walked = []
@@ -300,7 +300,7 @@ def pointers(tree) -> set:
 @pytest.mark.parametrize("committed", [False, True])
 def test_a_fresh_record_shares_no_buffer_with_the_calls_inputs(monkeypatch, committed):
     """Outputs returned as they were passed (or over their buffers) are no fresh record."""
-    import filtx._reuse as reuse
+    import filtx._fastpath.reuse as reuse
 
     monkeypatch.setattr(reuse, "MIN_LEAVES", 1)
     n = jax.local_device_count()

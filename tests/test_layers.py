@@ -1,8 +1,11 @@
 """Unit tests of the shared layers every transform is composed of: prefixes,
 signatures, plans, the boundary, outputs, out specs, sharing and donation,
-errors, and the pmap output check."""
+errors, and the pmap output check; and the layout itself: layers as folders,
+imports running one way (DESIGN.md §5)."""
 
+import ast
 import functools
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -10,13 +13,14 @@ import numpy as np
 import pytest
 
 import filtx
-from filtx import _buffers, _donation, _errors, _leaks, _outputs, _share, _varying
-from filtx._boundary import Boundary
-from filtx._out_specs import OutAxes
-from filtx._prefix import broadcast_prefix
-from filtx._resolve import LeafResolver
-from filtx._roles import MODES, donate, traced
-from filtx._signature import ArgumentSpecs, signature_key
+from filtx._fastpath import buffers as _buffers
+from filtx._core import donation as _donation, errors as _errors, leaks as _leaks, outputs as _outputs, share as _share, varying as _varying
+from filtx._core.boundary import Boundary
+from filtx._core.out_specs import OutAxes
+from filtx._core.prefix import broadcast_prefix
+from filtx._core.resolve import LeafResolver
+from filtx._core.roles import MODES, donate, traced
+from filtx._core.signature import ArgumentSpecs, signature_key
 
 # ---------------------------------------------------------------------------
 # _prefix
@@ -174,11 +178,6 @@ def test_fed_back_keys_read_only_values_not_read_beside_those_outputs_before():
         _buffers._buffer_key = original
 
 
-def test_refused_aliasing_recognises_jaxs_runtime_refusals_only():
-    assert _buffers.refused_aliasing(ValueError("INVALID_ARGUMENT: Attempt to donate the same buffer twice in Execute()"))
-    assert not _buffers.refused_aliasing(ValueError("some other error about donation"))
-
-
 def test_reuse_matches_donated_inputs_to_outputs_greedily_by_shape_and_dtype():
     aval = lambda *shape: jax.core.ShapedArray(shape, jnp.float32)  # noqa: E731
     found = _donation.reuse([aval(3), aval(3), aval(2)], [True, True, True], [aval(3), aval(4)])
@@ -226,3 +225,108 @@ def test_varying_outputs_iterate_loop_carries_to_a_fixed_point():
     jaxpr = jax.make_jaxpr(f)(jnp.ones(()))
     assert _varying.varying_outputs(jaxpr, [True]) == [True]
     assert _varying.varying_outputs(jaxpr, [False]) == [False]
+
+
+# ---------------------------------------------------------------------------
+# The layout: `_base` <- `_fastpath` <- `_core` <- `_transforms` <- `_tools` <-
+# `filtx/__init__.py`. A module imports only from its own layer or those to its
+# left (every import statement counts, those inside functions too), and no
+# module of `_transforms` imports a transform.
+
+LAYERS = ("_base", "_fastpath", "_core", "_transforms", "_tools")
+TRANSFORMS = ("jit", "vmap", "pmap", "shard_map", "shard")
+PACKAGE = pathlib.Path(filtx.__file__).resolve().parent
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    """Every module of filtx but the demo, by dotted name."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        if "demo" in parts:
+            continue
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = path
+    return found
+
+
+def _imported(name: str, path: pathlib.Path) -> set[str]:
+    """The filtx modules (or packages) `name` imports, by dotted name."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.split(".")[0] == "filtx")
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            if module.split(".")[0] != "filtx":
+                continue
+            out.add(module)
+            # `from package import module`: the module is what is imported
+            out.update(f"{module}.{a.name}" for a in node.names if f"{module}.{a.name}" in _modules())
+    return out
+
+
+def _layer(name: str) -> int:
+    """A module's position: its layer's index; `filtx` itself after the last."""
+    parts = name.split(".")
+    if len(parts) == 1:
+        return len(LAYERS)
+    assert parts[1] in LAYERS, f"{name} is in no layer"
+    return LAYERS.index(parts[1])
+
+
+def test_every_module_sits_in_a_layer_folder_with_a_readme():
+    modules = _modules()
+    assert all(name == "filtx" or name.split(".")[1] in LAYERS for name in modules), sorted(modules)
+    for layer in LAYERS:
+        assert (PACKAGE / layer / "__init__.py").exists() and (PACKAGE / layer / "README.md").exists(), layer
+
+
+def test_imports_run_one_way_down_the_layers():
+    wrong = []
+    for name, path in _modules().items():
+        for target in _imported(name, path):
+            if target != "filtx" and target.split(".")[1] not in LAYERS:
+                wrong.append(f"{name} imports {target}, which is in no layer")
+            elif _layer(target) > _layer(name) or (target == "filtx" and name != "filtx"):
+                wrong.append(f"{name} imports {target}, a layer to its right")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_transforms_never_import_each_other():
+    transforms = {f"filtx._transforms.{t}" for t in TRANSFORMS}
+    wrong = [
+        f"{name} imports {target}"
+        for name, path in _modules().items()
+        if name.startswith("filtx._transforms.")
+        for target in _imported(name, path) & transforms
+        if target != name
+    ]
+    assert not wrong, wrong
+
+
+def test_only_jax_compat_reads_jaxs_private_modules():
+    compat = PACKAGE / "_base" / "jax_compat.py"
+    wrong = []
+    for path in _modules().values():
+        if path == compat:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            wrong += [f"{path.relative_to(PACKAGE)}: {n}" for n in names if n.startswith(("jax._src", "jaxlib"))]
+            if isinstance(node, ast.Attribute) and node.attr == "_src":
+                wrong.append(f"{path.relative_to(PACKAGE)}: ._src")
+    assert not wrong, wrong
+
+
+def test_the_layer_test_sees_a_violation():
+    """The checks above would catch an import to the right, and a transform's import of another."""
+    assert _layer("filtx._base.nodes") < _layer("filtx._fastpath.reuse") < _layer("filtx._core.plan")
+    assert _layer("filtx._core.plan") < _layer("filtx._transforms.jit") < _layer("filtx._tools.compare") < _layer("filtx")
+    boundary = PACKAGE / "_core" / "boundary.py"
+    assert "filtx._fastpath.buffers" in _imported("filtx._core.boundary", boundary)  # `from .._fastpath import buffers`

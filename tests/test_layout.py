@@ -1,5 +1,5 @@
 """Calls laid out as the last ones take their split from a layout (see
-`filtx/_layout.py`): the results are the full path's, whatever changes between
+`filtx/_fastpath/layout.py`): the results are the full path's, whatever changes between
 calls, and a layout keeps no argument alive."""
 
 import gc
@@ -14,8 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import filtx
-import filtx._boundary as boundary
-import filtx._layout as layout
+import filtx._core.boundary as boundary
+import filtx._fastpath.layout as layout
 
 from _helpers import budget, counting
 

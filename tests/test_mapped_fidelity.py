@@ -209,9 +209,9 @@ def test_filter_pmap_honours_a_jax_configuration_change_after_its_first_call():
 
 
 def test_resolved_out_axes_caches_stay_bounded_as_static_arguments_change(monkeypatch):
-    import filtx._boundary
+    import filtx._core.boundary
 
-    monkeypatch.setattr(filtx._boundary, "MAX_ENTRIES_PER_PLAN", 4)
+    monkeypatch.setattr(filtx._core.boundary, "MAX_ENTRIES_PER_PLAN", 4)
     f = filtx.filter_vmap(lambda x, n: x * n, out_axes=lambda leaf: 0)
     for n in range(10):
         f(jnp.ones((2, 3)), n)

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import filtx
-from filtx import _caches
+from filtx._core import caches as _caches
 
 pytestmark = pytest.mark.e2e  # resident memory over many calls: a CI step of its own (`pytest -m e2e`)
 

@@ -58,6 +58,7 @@ def test_sdist_carries_what_the_tests_need():
         assert ("graft", folder) in directives, folder
     for name in ("LICENSE", "README.md", "mkdocs.yml"):
         assert ("include", name) in directives, name
+    assert ("recursive-include", "README.md") in directives  # the layers' READMEs (filtx/*/README.md)
     testpaths = pyproject()["tool"]["pytest"]["ini_options"]["testpaths"]
     assert all((ROOT / path).is_dir() for path in testpaths), testpaths
     assert all(path.split("/")[0] in {"tests", "benchmarks"} for path in testpaths)  # grafted above

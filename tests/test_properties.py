@@ -36,7 +36,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import filtx
-from filtx._roles import Role
+from filtx._core.roles import Role
 
 from _helpers import budget, host_values
 

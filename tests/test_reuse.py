@@ -14,9 +14,9 @@ import optax
 import pytest
 
 import filtx
-import filtx._boundary as boundary
-import filtx._layout as layout
-import filtx._reuse as reuse
+import filtx._core.boundary as boundary
+import filtx._fastpath.layout as layout
+import filtx._fastpath.reuse as reuse
 
 from _helpers import RECORDING_TRANSFORMS, recording
 
@@ -30,12 +30,12 @@ def small_models_reused(monkeypatch):
 
 
 def laid_out_with(step_kinds):
-    """The number of steps of these kinds in a layout that laid out a call (see _layout)."""
+    """The number of steps of these kinds in a layout that laid out a call (see _fastpath/layout.py)."""
     return lambda steps: sum(1 for step in steps if step[0] in step_kinds)
 
 
 def spy_on_layouts(monkeypatch, on_take):
-    """Calls `on_take(steps, dynamic)` after every layout's `take` (see _layout)."""
+    """Calls `on_take(steps, dynamic)` after every layout's `take` (see _fastpath/layout.py)."""
     original = layout._take_function
 
     def take_function(fun_ref, nargs, steps, *made_with):

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from hypothesis import given
 from hypothesis import strategies as st
 
-import filtx._reuse as reuse
+import filtx._fastpath.reuse as reuse
 
 from _helpers import RECORDING_TRANSFORMS, budget, recording
 import pytest

@@ -1,0 +1,165 @@
+"""Every private JAX name filtx uses, and every match on a JAX message, in one place.
+
+filtx reads a few of JAX's internals where the public API has nothing as fast or
+nothing at all (the array type, the trace state, the config a trace depends on,
+a Ref's abstract value, a sharded array's shards), and reads a few of JAX's
+error and warning messages to say more than they do. Each is here, guarded
+where a supported JAX (0.7.2 to the newest) may lack it, so that a JAX release
+that moves one breaks one module; `tests/test_jax_compat.py` imports each name
+and holds each matcher to an error the installed JAX really raises.
+"""
+
+from __future__ import annotations
+
+import re
+from operator import attrgetter
+from typing import Any
+
+import jax
+from jax._src import traceback_util as _traceback_util
+
+__all__ = [
+    "ArrayImpl",
+    "ShapedArray",
+    "AbstractRef",
+    "top_level",
+    "trace_context",
+    "get_concrete_mesh",
+    "shards_of",
+    "committed",
+    "is_committed",
+    "exclude_from_tracebacks",
+    "clear_runtime_tokens",
+    "CALLBACK_LOGGER",
+    "refused_aliasing",
+    "deleted_array_refused",
+    "aliased_ref_refused",
+    "names_out_axes",
+    "user_out_specs",
+    "UNUSABLE_DONATION_WARNING",
+    "ANY_UNUSABLE_DONATION",
+    "arg_aval",
+    "is_ref_aval",
+]
+
+# ---------------------------------------------------------------------------
+# Private imports
+
+try:  # jax.Array's implementation (`isinstance(x, jax.Array)` is slow: an ABC check)
+    from jax._src.array import ArrayImpl
+except ImportError:  # pragma: no cover
+    ArrayImpl = None
+
+try:  # an array's abstract value, to wrap shards at C speed (`_transforms/hosts.py`)
+    from jax._src.core import ShapedArray
+except ImportError:  # pragma: no cover
+    ShapedArray = None
+
+try:
+    from jax._src.state.types import AbstractRef
+except ImportError:  # pragma: no cover - a JAX without mutable arrays
+    AbstractRef = ()
+
+try:
+    from jax._src.core import trace_state_clean as top_level
+except ImportError:  # pragma: no cover - then tracers are found among the leaves
+    def top_level() -> bool:
+        return True
+
+try:
+    from jax._src.config import trace_context
+except ImportError:  # pragma: no cover - JAX without it keys by nothing
+    def trace_context():
+        return ()
+
+
+def get_concrete_mesh() -> Any:
+    """The concrete mesh `jax.set_mesh` set (`jax.sharding.get_mesh`; JAX < 0.8
+    has only the private `get_concrete_mesh`)."""
+    get = getattr(jax.sharding, "get_mesh", None)
+    if get is None:  # JAX < 0.8
+        from jax._src.mesh import get_concrete_mesh as get
+    return get()
+
+
+# A sharded array's single-device arrays, one per shard (private `_arrays`), and
+# whether an array is committed to its devices (private `_committed`).
+shards_of = attrgetter("_arrays")
+committed = attrgetter("_committed")
+
+
+def is_committed(x: Any) -> bool:
+    """Whether `x` is an array committed to its devices (False for anything else)."""
+    return getattr(x, "_committed", False)
+
+
+def exclude_from_tracebacks(path: str) -> None:
+    """Hide the frames of the files under `path` from tracebacks through JAX's API
+    boundaries, as JAX hides its own."""
+    _traceback_util.register_exclusion(path)
+
+
+def clear_runtime_tokens() -> None:
+    """Forget the runtime tokens of failed computations JAX keeps (and raises again
+    at every `jax.effects_barrier` and at exit); nothing where JAX has none."""
+    tokens = getattr(getattr(jax._src, "dispatch", None), "runtime_tokens", None)
+    clear = getattr(tokens, "clear", None)
+    if clear is not None:
+        clear()
+
+
+# The logger of JAX's host callbacks ("jax.pure_callback failed").
+CALLBACK_LOGGER = "jax._src.callback"
+
+
+# ---------------------------------------------------------------------------
+# JAX's messages
+
+
+def refused_aliasing(error: Exception) -> bool:
+    """JAX's runtime refused a donation of aliased buffers (before running)."""
+    if not isinstance(error, (jax.errors.JaxRuntimeError, ValueError)):  # ValueError: JAX's C++ path
+        return False
+    text = str(error)
+    return "same buffer twice" in text or ("same call to Execute()" in text and "donat" in text)
+
+
+def deleted_array_refused(error: Exception) -> bool:
+    """JAX refused a call for an array that was deleted (donated before)."""
+    return "deleted" in str(error)
+
+
+def aliased_ref_refused(error: Exception) -> bool:
+    """JAX refused a call given one `jax.Ref` twice."""
+    return "only one reference to a mutable array" in str(error)
+
+
+def names_out_axes(error: Exception) -> bool:
+    """JAX's `vmap` error is about `out_axes`."""
+    return "out_axes" in str(error)
+
+
+def user_out_specs(error: ValueError) -> None:
+    """JAX's shard_map errors name `out_specs[0]`: filtx's `(the user's out specs,
+    the carrier's)`. Say `out_specs`, as the user wrote it."""
+    if error.args and isinstance(error.args[0], str) and "out_specs[0]" in error.args[0]:
+        error.args = (error.args[0].replace("out_specs[0]", "out_specs"),) + tuple(error.args[1:])
+
+
+# JAX's warning for donated buffers no output reuses lists avals; filtx's own,
+# with the same opening, lists paths (which this does not match).
+UNUSABLE_DONATION_WARNING = re.compile("Some donated buffers were not usable: (?!args|kwargs|fun)")
+
+# The opening of both: JAX's warning and filtx's (a comparison silences either).
+ANY_UNUSABLE_DONATION = "Some donated buffers were not usable"
+
+
+def arg_aval(info: Any) -> Any:
+    """The abstract value of a compiled executable's argument (`jax.stages.ArgInfo`
+    keeps it private: its public `shape` and `dtype` do not say a `jax.Ref`)."""
+    return info._aval
+
+
+def is_ref_aval(aval: Any) -> bool:
+    """Whether an abstract value is a `jax.Ref`'s."""
+    return hasattr(aval, "inner_aval") or (bool(AbstractRef) and isinstance(aval, AbstractRef))

@@ -1,0 +1,326 @@
+"""Every user-facing message filtx raises, each naming the pytree path at fault.
+
+Paths are computed here, on the error path only: the hot path never builds them.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import re
+from itertools import compress
+from typing import Any
+
+import jax
+
+from .._base.aliasing import PartialAliasing
+
+ROOT_NAMES = ("fun", "args", "kwargs")
+
+
+class SpecError(ValueError):
+    """A spec problem found before the path of the leaf is known."""
+
+
+def keystr(path) -> str:
+    return jax.tree_util.keystr(tuple(path))
+
+
+def call_leaf_paths(root: Any) -> list[str]:
+    """Readable paths of every leaf of a `(fun, args, kwargs)` root, in flatten order:
+    `args[1].layers[0].weight`, `kwargs['lr']`, `fun.weight`."""
+    flat, _ = jax.tree_util.tree_flatten_with_path(root)
+    out = []
+    for path, _ in flat:
+        head, rest = path[0], path[1:]
+        name = ROOT_NAMES[head.idx] if hasattr(head, "idx") else keystr((head,))
+        if name == "kwargs" and rest and hasattr(rest[0], "key"):
+            out.append(f"kwargs[{rest[0].key!r}]{keystr(rest[1:])}")
+        else:
+            out.append(name + keystr(rest))
+    return out
+
+
+def dynamic_paths(root: Any, plan) -> list[str]:
+    return list(compress(call_leaf_paths(root), plan.dynamic_mask))
+
+
+def piece_leaf_path(base: str, piece: Any, index: int) -> str:
+    """Path of leaf `index` of `piece`, an argument whose own path is `base`."""
+    flat, _ = jax.tree_util.tree_flatten_with_path(piece)
+    return base + keystr(flat[index][0])
+
+
+def is_generator(x: Any) -> bool:
+    """A leaf as JAX flattens it, said without JAX's deprecation warning (filtx
+    refuses returned generators with an error of its own)."""
+    return inspect.isgenerator(x) or inspect.isasyncgen(x)
+
+
+def output_path(out: Any, index: int) -> str:
+    flat, _ = jax.tree_util.tree_flatten_with_path(out, is_leaf=is_generator)
+    return "out" + keystr(flat[index][0])
+
+
+def describe(leaf: Any) -> str:
+    shape = getattr(leaf, "shape", None)
+    dtype = getattr(leaf, "dtype", None)
+    if shape is not None and dtype is not None:
+        return f"{type(leaf).__name__} {dtype}{list(shape)}"
+    return type(leaf).__name__
+
+
+# ---------------------------------------------------------------------------
+# Arguments
+
+
+def unhashable_static_error(root: Any, static_mask) -> TypeError:
+    leaves = jax.tree_util.tree_leaves(root)
+    for path, leaf in zip(compress(call_leaf_paths(root), static_mask), compress(leaves, static_mask)):
+        try:
+            hash(leaf)
+        except TypeError:
+            return TypeError(
+                f"{path} is held static, so it must be hashable, but it is a "
+                f"{type(leaf).__name__}, which is not. Make it hashable (e.g. a tuple "
+                f"instead of a list, a frozen dataclass), make it an array so it is "
+                f"traced, or close over it in the function."
+            )
+    return TypeError("a static leaf is not hashable")
+
+
+def deleted_array_error(root: Any) -> RuntimeError | None:
+    """The error for arrays passed after their buffers were donated, or None."""
+    leaves = jax.tree_util.tree_leaves(root)
+    deleted = [(p, x) for p, x in zip(call_leaf_paths(root), leaves) if _is_deleted(x)]
+    if not deleted:
+        return None
+    where = ", ".join(f"{p} ({describe(x)})" for p, x in deleted[:8])
+    more = f" and {len(deleted) - 8} more" if len(deleted) > 8 else ""
+    return RuntimeError(
+        f"{where}{more}: this array's buffer was donated to an earlier call and deleted, "
+        f"so it cannot be used again. Use the value that call returned instead (e.g. "
+        f"`model = step(model, batch)`), or do not donate it (donate='none', or "
+        f"filtx.traced for this leaf in specs=)."
+    )
+
+
+def _is_deleted(x) -> bool:
+    try:
+        return isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) and x.is_deleted()
+    except Exception:
+        return False
+
+
+def partial_aliasing_error(root: Any, plan, error: PartialAliasing) -> ValueError:
+    paths = dynamic_paths(root, plan)
+    i, j = error.args
+    return ValueError(
+        f"{paths[i]} and {paths[j]} share some device buffers but not all (one was "
+        f"assembled from the other's shards), so they cannot be donated together. "
+        f"Copy one of them first (e.g. `jnp.copy`), or do not donate them."
+    )
+
+
+def callable_spec_error(root: Any, deferred: list, leaves: list, error: Exception) -> ValueError:
+    for d in deferred:
+        try:
+            d.evaluate(leaves[d.index])
+        except Exception:
+            path = call_leaf_paths(root)[d.index]
+            break
+    else:  # pragma: no cover - the callable raised once and not again
+        path = "a leaf"
+    return ValueError(
+        f"{path}: the callable in the spec raised {type(error).__name__}: {error}. "
+        f"A callable spec must accept every leaf beneath it."
+    )
+
+
+def mutated_argument_message(paths: list[str], transform: str, name: str) -> str:
+    were = "was" if len(paths) == 1 else "were"
+    return (
+        f"{', '.join(paths)} {were} changed in place inside {transform}({name}) (an item "
+        f"assigned, an attribute or a Flax NNX Variable set). The caller does not see the "
+        f"change: the function works on a copy of its arguments, as under jax.jit and "
+        f"Equinox. If the caller needs it, return the new value instead (e.g. `return out, "
+        f"new_state`, then use it); for Flax NNX, `nnx.split` the module and `nnx.merge` it "
+        f"inside, or use `nnx.jit`. If it is scratch space used only inside, nothing is "
+        f"lost. To make this an error: "
+        f"warnings.simplefilter('error', filtx.MutatedArgumentWarning)."
+    )
+
+
+_DYNAMIC_NAME = re.compile(r"dynamic\[(\d+)\]")
+
+
+def rename_dynamic(error: BaseException, paths: list[str]) -> None:
+    """Put the user's paths where a JAX error names filtx's flat arguments
+    (`dynamic[3]`), in place, so the error keeps its type."""
+
+    def name(match):
+        i = int(match.group(1))
+        return paths[i] if i < len(paths) else match.group(0)
+
+    args = getattr(error, "args", ())
+    if args and isinstance(args[0], str) and _DYNAMIC_NAME.search(args[0]):
+        error.args = (_DYNAMIC_NAME.sub(name, args[0]),) + tuple(args[1:])
+
+
+# ---------------------------------------------------------------------------
+# Options
+
+
+def unknown_option_error(transform: str, name: str, own: list[str], passthrough: str) -> TypeError:
+    close = difflib.get_close_matches(name, own, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return TypeError(
+        f"{transform}() got an unexpected keyword argument {name!r}.{hint} Its own "
+        f"parameters are {', '.join(own)}; other keywords must be parameters of "
+        f"{passthrough}."
+    )
+
+
+def owned_option_error(transform: str, taken: list[str]) -> ValueError:
+    return ValueError(
+        f"{transform} got {', '.join(taken)}: filtx decides what is static and what is "
+        f"donated, leaf by leaf. Use specs= (filtx.static / filtx.traced / "
+        f"filtx.donate) and donate= instead."
+    )
+
+
+def donation_in_mapped_error(where: str) -> ValueError:
+    return ValueError(
+        f"{where}filter_vmap does not donate: donation happens at a compiled boundary "
+        f"(filter_jit, filter_pmap). A filter_vmap inside filter_jit(donate=...) "
+        f"donates through it. Use filtx.traced here."
+    )
+
+
+# ---------------------------------------------------------------------------
+# Outputs
+
+
+def check_no_generator(out: Any, leaves: list) -> None:
+    """Refuse a returned generator: it would run after the trace ends. Trace time only."""
+    for i, leaf in enumerate(leaves):
+        if is_generator(leaf):
+            raise TypeError(
+                f"{output_path(out, i)}: the function returned a generator, which would "
+                f"run after the transformation has finished tracing. Return a list or "
+                f"tuple instead (e.g. `list(gen)` or `tuple(gen)`)."
+            )
+
+
+def check_returned_statics(out: Any, leaves: list, is_array_mask: list, inputs: list) -> None:
+    """Refuse non-array outputs that cannot be returned as they are: an object
+    hiding a tracer (it would leak out of the transformation). Trace time only."""
+    from .leaks import hidden_tracer
+
+    traces = {t for t in (getattr(x, "_trace", None) for x in inputs) if t is not None}
+    for i, (leaf, array) in enumerate(zip(leaves, is_array_mask)):
+        if array:
+            continue
+        hidden = hidden_tracer(leaf, traces)
+        if hidden is not None:
+            raise TypeError(
+                f"{output_path(out, i)}{hidden}: a tracer is hidden inside a returned "
+                f"{type(leaf).__name__}, which is not a pytree, so filtx returns it as it is "
+                f"and the tracer would leak out of the transformation. Register "
+                f"{type(leaf).__name__} as a pytree (e.g. an eqx.Module or "
+                f"jax.tree_util.register_dataclass) or return the array directly."
+            )
+
+
+def refs_in_pmap_error(path: str) -> ValueError:
+    return ValueError(
+        f"{path} is a jax.Ref, and filter_pmap takes none: its step is traced per device to a "
+        f"jaxpr of arrays, and a Ref cannot be split over devices by in_axes. Update Refs in "
+        f"filter_jit (with shardings) or filter_shard_map, or pass the Ref's value (`ref[...]`)."
+    )
+
+
+def returned_ref_error(out: Any, index: int) -> ValueError:
+    return ValueError(
+        f"{output_path(out, index)}: the function returned a jax.Ref, and a compiled function "
+        f"cannot return one (JAX refuses it: the Ref would outlive the computation that "
+        f"updates it). Return its value (`ref[...]`), or update a Ref passed in as an argument."
+    )
+
+
+def aliased_ref_error(refs: list[tuple[str, Any]]) -> ValueError | None:
+    """The error for one `jax.Ref` passed at two positions (JAX refuses it), or None;
+    `refs` is `(path, Ref)` per Ref among a call's dynamic leaves."""
+    seen: dict = {}
+    for path, x in refs:
+        first = seen.setdefault(id(x), path)
+        if first != path:
+            return ValueError(
+                f"{first} and {path} are the same jax.Ref, and a compiled call takes a Ref once "
+                f"(JAX refuses a Ref passed twice: its updates could not be ordered). Pass it "
+                f"once, or pass share=True: it is then passed once and stands at both places inside."
+            )
+    return None
+
+
+def int_out_axis_on_non_array_error(out: Any, index: int, axis: int) -> ValueError:
+    leaf = jax.tree_util.tree_leaves(out)[index]
+    return ValueError(
+        f"{output_path(out, index)} ({type(leaf).__name__}): out_axes gives it axis "
+        f"{axis}, but it is not an array or a number, so it cannot be stacked. Give it "
+        f"None (or filtx.if_array({axis}) on its subtree)."
+    )
+
+
+def unmapped_outputs_error(culprits: list[str], why: str, fix: str) -> ValueError:
+    return ValueError(f"out_axes is None for output {', '.join(culprits)}, but {why}. {fix}")
+
+
+# ---------------------------------------------------------------------------
+# Mapped axes
+
+
+def in_axes_error(paths: list[str], dynamic: list, axes, axis_size, what: str) -> ValueError | None:
+    """Explain a mapping failure: an axis out of range, or inconsistent sizes."""
+    sizes = []
+    for path, leaf, axis in zip(paths, dynamic, axes):
+        if axis is None:
+            continue
+        ndim = getattr(leaf, "ndim", 0)
+        if ndim == 0 or not -ndim <= axis < ndim:
+            return ValueError(
+                f"{path} ({describe(leaf)}) is mapped over axis {axis}, which is out of "
+                f"range for an array of {ndim} dimension(s). Give it another axis in "
+                f"in_axes, or None to pass it unmapped."
+            )
+        sizes.append((path, leaf.shape[axis]))
+    distinct = {s for _, s in sizes}
+    if axis_size is not None:
+        distinct.add(axis_size)
+    if len(distinct) > 1:
+        listed = "; ".join(f"{p}: {s}" for p, s in sizes)
+        expected = f" (axis_size={axis_size})" if axis_size is not None else ""
+        return ValueError(
+            f"{what} got inconsistent sizes for the mapped axes{expected}: {listed}. "
+            f"Every mapped leaf must have the same size along its mapped axis."
+        )
+    return None
+
+
+def device_count_error(path: str, leaf: Any, axis: int, n_devices: int) -> ValueError:
+    return ValueError(
+        f"{path} ({describe(leaf)}) is mapped over axis {axis} of size "
+        f"{leaf.shape[axis]}, but filter_pmap runs on {n_devices} local device(s). Give "
+        f"every mapped leaf a leading axis of size {n_devices} (e.g. replicate a model "
+        f"with jax.tree.map(lambda x: jnp.stack([x] * {n_devices}), model)), or pass "
+        f"devices=."
+    )
+
+
+def no_mapped_input_error(transform: str) -> ValueError:
+    return ValueError(
+        f"{transform} cannot tell the size of the mapped axis: no input is mapped (every "
+        f"array's in_axes is None, or there are no arrays) and axis_size is not given, "
+        f"but an output has an int out axis. Map an input, pass axis_size=, or give "
+        f"every output out_axes=None."
+    )

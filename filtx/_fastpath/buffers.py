@@ -1,0 +1,204 @@
+"""Which device buffers values stand on, for donation: distinct `jax.Array`
+objects over one buffer get equal keys (`buffer_keys`), so a buffer donated at
+several positions is passed and donated once (see `_share.donation_pattern`);
+whether a call's donated buffers stand on one device each, where JAX's runtime
+refuses aliased donations itself; deleted arrays; JAX's refusal of an aliased
+donation.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from itertools import compress
+from operator import attrgetter, invert, methodcaller, not_
+from typing import Any, Callable
+
+import jax
+from jax.sharding import SingleDeviceSharding
+
+from .._base.aliasing import PartialAliasing
+from .._base.jax_compat import ArrayImpl, committed as _committed, shards_of
+
+__all__: list[str] = []
+
+
+_buffer_pointer = methodcaller("unsafe_buffer_pointer")
+
+
+_single_device_process: list = []
+
+
+def single_device_call(donated: Callable, dynamic: list) -> bool:
+    """Whether the donated buffers of this call (`donated(dynamic)`, picked only
+    where the process has several devices) stand on one device each, where
+    JAX's runtime refuses a donation of aliased buffers cleanly, before running
+    anything (over several devices XLA may crash instead): one process with one
+    device; or no donated leaf committed (an uncommitted array is on the default
+    device, and is copied where a computation over several devices needs it); or
+    a first donated leaf committed to one device (committed leaves must share its
+    device); or every donated `jax.Array` on a single device (NumPy arrays are
+    copied in: never aliased)."""
+    if not _single_device_process:
+        _single_device_process.append(jax.device_count() == 1)
+    if _single_device_process[0]:
+        return True
+    picked = donated(dynamic)
+    first = next((x for x in picked if type(x) is _ARRAY), None)  # NumPy arrays out
+    if first is None:
+        return True
+    if _committed(first):  # the others committed to its devices (or JAX refuses the call)
+        return type(first.sharding) is SingleDeviceSharding
+    arrays = [x for x in picked if type(x) is _ARRAY]
+    if not any(map(_committed, arrays)):
+        return True
+    return all(type(s) is SingleDeviceSharding for s in map(_sharding, arrays))
+
+
+# jax.Array's implementation (`isinstance(x, jax.Array)` is slow: an ABC check)
+_ARRAY = ArrayImpl if ArrayImpl is not None else jax.Array
+_sharding = attrgetter("sharding")
+
+
+_is_deleted = methodcaller("is_deleted")
+
+
+def any_deleted(values: list) -> bool:
+    """Whether an array among `values` was deleted (by donation): one C-level pass
+    when all are `jax.Array`s, a careful loop otherwise (NumPy arrays, tracers)."""
+    try:
+        return any(map(_is_deleted, values))
+    except Exception:
+        return any(
+            isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) and x.is_deleted() for x in values
+        )
+
+
+def buffer_keys(values: list) -> list | None:
+    """Per value, what identifies its device buffers: distinct `jax.Array` objects
+    over the same buffers get equal keys. Single-device arrays: the buffer's
+    address; sharded arrays: the addresses of every shard; NumPy arrays: the
+    object's id. `None` when a value is a tracer: the call is being traced by
+    another transformation, and has no buffers to donate. (Reading every shard
+    of every leaf costs a sharded call milliseconds: see `fed_back_keys`.)"""
+    try:
+        return list(map(_buffer_pointer, values))  # all single-device: one C-level pass
+    except Exception:
+        pass
+    if any(isinstance(x, jax.core.Tracer) for x in values):
+        return None
+    keys = list(map(_buffer_key, values))
+    _check_partial_aliasing(keys)
+    return keys
+
+
+def fed_back_keys(values: list, fresh: set, beside: tuple | None) -> tuple[list | None, tuple | None]:
+    """`(buffer_keys(values), beside for the records of this call)`, where the
+    values of ids in `fresh` are outputs of a call fed back (`_reuse.fresh_leaves`).
+
+    No other array held their buffers when they were returned, so only an array
+    made since from their shards can share one: they are keyed by id. The other
+    values are read, and a fresh one too where its shards are of a byte size
+    one of theirs is. `beside` holds `(weak reference, key)` of other values
+    already read at a call before the one that returned the fresh values (so
+    made before them, sharing none of their buffers; an array's buffers never
+    change): where every other value is one of them, nothing is read at all.
+    The `beside` returned is that of this call's other values, for the records
+    of its outputs (None where one cannot be held weakly)."""
+    ids = list(map(id, values))
+    is_fresh = list(map(fresh.__contains__, ids))
+    other_at = list(compress(range(len(ids)), map(not_, is_fresh)))
+    others = [values[i] for i in other_at]
+    if beside is not None:
+        known = {}
+        for ref, key in beside:
+            obj = ref()
+            if obj is not None:
+                known[id(obj)] = (obj, key)
+        hits = [known.get(id(x)) for x in others]
+        if all(hit is not None and hit[0] is x for hit, x in zip(hits, others)):  # checked together before
+            keys = list(map(invert, ids))  # a fresh value's key: -id - 1, never an address
+            for i, hit in zip(other_at, hits):
+                keys[i] = hit[1]
+            return keys, beside
+    if any(isinstance(x, jax.core.Tracer) for x in others):
+        return None, None
+    sizes: set = set()
+    read_keys = [_buffer_key(x, sizes) for x in others]
+    read = iter(read_keys)
+    if sizes:
+        sizes.add(None)  # a size that cannot be told: read its shards
+    keys = [
+        (_buffer_key(x) if sizes and _shard_bytes(x) in sizes else -id(x) - 1) if f else next(read)  # never an address
+        for x, f in zip(values, is_fresh)
+    ]
+    _check_partial_aliasing(keys)
+    try:
+        held = tuple(zip(map(weakref.ref, others), read_keys))
+    except TypeError:  # a value that takes no weak reference (a NumPy scalar)
+        held = None
+    return keys, held
+
+
+def _buffer_key(x, sizes: set | None = None) -> Any:
+    """`x`'s key (its buffer's address; the sorted addresses of its shards' where
+    it has several; its id where it has no buffer); the byte sizes of its
+    buffers added to `sizes` where given."""
+    if type(x) is _ARRAY:  # its shards, without the exception a sharded array's pointer raises
+        try:
+            shards = shards_of(x)
+            key = shards[0].unsafe_buffer_pointer() if len(shards) == 1 else tuple(sorted(map(_buffer_pointer, shards)))
+        except Exception:
+            key, shards = id(x), None
+    else:
+        try:
+            key, shards = x.unsafe_buffer_pointer(), (x,)
+        except Exception:
+            key, shards = id(x), None
+    if sizes is not None and shards:
+        size = _shard_bytes(x)
+        if size is None:
+            sizes.update(s.nbytes for s in shards)
+        else:
+            sizes.add(size)
+    return key
+
+
+def _shard_bytes(x) -> int | None:
+    """The byte size of each buffer of a `jax.Array` (its shards are even); None
+    where it cannot be told (then its shards are read). Remembered by the
+    identity of its abstract value and sharding, which a compiled call's outputs
+    share from one call to the next."""
+    if type(x) is not _ARRAY:
+        return None
+    aval, sharding = x.aval, x.sharding
+    key = (id(aval), id(sharding))
+    known = _SHARD_BYTES.get(key)
+    if known is not None and known[0] is aval and known[1] is sharding:
+        return known[2]
+    try:
+        size = math.prod(sharding.shard_shape(aval.shape)) * aval.dtype.itemsize
+    except Exception:
+        return None
+    if len(_SHARD_BYTES) >= 1024:
+        _SHARD_BYTES.clear()
+    _SHARD_BYTES[key] = (aval, sharding, size)  # held: their ids stay theirs
+    return size
+
+
+_SHARD_BYTES: dict = {}
+
+
+def _check_partial_aliasing(keys: list) -> None:
+    """Arrays that share some device buffers but not all cannot be merged; refuse
+    them (a rare construction: an array assembled from another's shards)."""
+    if not any(isinstance(key, tuple) for key in keys):
+        return
+    owner: dict = {}
+    for i, key in enumerate(keys):
+        if type(key) is int and key < 0:  # a fresh value's (see fed_back_keys)
+            continue
+        for pointer in key if isinstance(key, tuple) else (key,):
+            j = owner.setdefault(pointer, i)
+            if j != i and keys[j] != key:
+                raise PartialAliasing(j, i)

@@ -1,0 +1,69 @@
+"""The body of the `donation_benchmark` fixture (`pytest_plugin`): a thin layer
+over pytest-benchmark's fixture and one `_compare_runs.Run`."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+from .compare import calls_per_round, own_peak_calls, quiet_donation_warnings, settle_calls, time_range, unsteady
+from .compare_rows import make_runs
+from .memory import device_memory, memory_figures
+
+__all__ = ["DonationBenchmark"]
+
+
+class DonationBenchmark:
+    def __init__(self, benchmark: Any, node: Any):
+        self.benchmark = benchmark
+        self.node = node
+
+    def __call__(
+        self, step: Any, /, *args: Any, mode: str | None = None, feed: Callable | None = None,
+        calls: int | None = None, rounds: int = 10, **kwargs: Any,
+    ) -> Any:
+        benchmark = self.benchmark
+        (run,) = make_runs(step, args, kwargs, None if mode is None else [mode], feed)[:1]
+        if benchmark.group is None:
+            benchmark.group = getattr(self.node, "originalname", None) or self.node.name
+        with quiet_donation_warnings():
+            run.start()
+            if run.error is not None:
+                raise RuntimeError(f"donation_benchmark, mode {run.label}: the step failed: {run.error}")
+            run.warm(1)
+            estimate = run.warm(1)
+            settle = settle_calls(estimate) if calls is None else max(3, calls)  # as in compare_donation
+            settled = run.warm(settle) / settle
+            if calls is None:
+                calls = calls_per_round(settled)
+            info = benchmark.extra_info
+            info.update(mode=run.label, calls_per_round=calls, first_call_seconds=run.first)
+            timer = getattr(benchmark, "_timer", None)
+            if timer is not None:  # stats per call: each round's duration over its calls
+                benchmark._timer = lambda: timer() / calls
+            else:  # pragma: no cover - a pytest-benchmark without `_timer`: stats per round
+                info["stats_per"] = "round"
+            times: list[float] = []  # per call, round by round: the row's range, as compare_donation's
+
+            def timed(sets: list) -> float:
+                seconds = run.timed(sets)
+                times.append(seconds / calls)
+                return seconds
+
+            benchmark.pedantic(timed, setup=lambda: ((run.prepare(calls),), {}), rounds=rounds, iterations=1)
+            spread = time_range(times)
+            info.update(seconds_range=list(spread), unsteady=unsteady(times))
+            call, live_args, live_kwargs = run.live_inputs()
+            figures = memory_figures(run.lower(call, live_args, live_kwargs))
+            unusable = run.report(call, live_args, live_kwargs)
+            if device_memory() is not None:  # this mode's own peak, on a device that reports one
+                run.own_peak(own_peak_calls(calls), figures.get("peak_bytes"))
+                if run.device_peak is not None:
+                    info["device_peak_bytes"] = run.device_peak
+        devices = figures.pop("devices", 1)
+        info.update({k: v for k, v in figures.items() if v is not None})
+        if devices > 1:
+            info["bytes_per_device_of"] = devices
+        if unusable is not None:
+            info["unusable"] = list(unusable)
+        return run.out

@@ -1,0 +1,250 @@
+"""The rows of a donation comparison: a `Run` is one donation mode of a user's
+step made afresh (its own compile state, so its first call is cold), on copies
+of the inputs (nothing the caller passed is donated), with its outputs fed to
+the next call as a training loop feeds them. `compare_donation` times runs
+round-robin; the `donation_benchmark` fixture times one with pytest-benchmark.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Iterable
+
+import jax
+import numpy as np
+
+from .memory import OwnPeak, block, fresh, fresh_tree, in_flight_window, is_deleted
+from .._core.roles import is_array, is_ref
+
+__all__ = ["Run", "Feeding", "WHOLE"]
+
+
+WHOLE = -1  # a `Feeding.sources` entry: the whole output feeds this argument
+
+
+class Feeding:
+    """How a call's output becomes the next call's arguments: `feed(args, out)`
+    when given; else the whole output, where it looks like `args[0]` (structure
+    and abstract values), or the output's items that look like the arguments, in
+    order: a container (a model, an optimiser state) wherever it stands in the
+    output, a bare array only at its own position. Arguments nothing feeds are
+    held: the next call gets them again (a fresh copy where a mode donates them)."""
+
+    def __init__(self, feed: Callable | None):
+        self.feed = feed
+        self.sources: list[int | None] = []  # per argument: the output item fed into it, or None
+        self.learned = False
+
+    def learn(self, args: tuple, out: Any) -> None:
+        """From the first output of the first mode to run; every mode feeds alike."""
+        if self.learned or self.feed is not None:
+            return
+        self.learned = True
+        self.sources = [None] * len(args)
+        if args and _alike(out, args[0]):
+            self.sources[0] = WHOLE
+            return
+        if not isinstance(out, (tuple, list)):
+            return
+        taken: set = set()
+        for i, arg in enumerate(args):
+            bare = jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(arg))
+            for j in [i] if bare else range(len(out)):
+                if j < len(out) and j not in taken and _alike(out[j], arg):
+                    self.sources[i] = j
+                    taken.add(j)
+                    break
+
+    @property
+    def held(self) -> list[int]:
+        return [i for i, source in enumerate(self.sources) if source is None]
+
+    def describe(self) -> str:
+        if self.feed is not None:
+            return "by feed="
+        fed = [f"args[{i}] <- out" + ("" if j == WHOLE else f"[{j}]") for i, j in enumerate(self.sources) if j is not None]
+        return ", ".join(fed) or "nothing (every call on the same arguments)"
+
+    def assemble(self, out: Any, held: tuple) -> tuple:
+        rest = iter(held)
+        return tuple(next(rest) if j is None else out if j == WHOLE else out[j] for j in self.sources)
+
+
+def _alike(a: Any, b: Any) -> bool:
+    la, ta = jax.tree_util.tree_flatten(a)
+    lb, tb = jax.tree_util.tree_flatten(b)
+    if ta != tb:
+        return False
+    for x, y in zip(la, lb):
+        if is_array(x) != is_array(y):
+            return False
+        if is_array(x) and (np.shape(x) != np.shape(y) or x.dtype != y.dtype):
+            return False
+    return True
+
+
+class Run:
+    """One row of a comparison: `call(fun_tree)` gives the step to call with this
+    row's copy of the function's own pytree; `lower(callee, args, kwargs)` its
+    compiled executable; `report(callee, args, kwargs)` the unusable paths."""
+
+    def __init__(self, label, modes, bind, fun_tree, originals, feeding, lower, report):
+        self.label, self.modes, self.bind = label, modes, bind
+        self.fun_tree, self.originals, self.feeding = fun_tree, originals, feeding
+        self.lower, self.report = lower, report
+        self.error: str | None = None
+        self.times: list[float] = []
+        self.first: float | None = None
+        self.device_peak: int | None = None  # `own_peak`'s figure
+        self.device_peak_why: str | None = None
+        self.figures: dict | None = None  # the compiled step's memory figures, made once (`_compare._figures`)
+        self.out = None
+        self.renew_fun = self.renew_kwargs = None  # masks of the leaves a call deletes (donates)
+        self.renew_held: list = []
+        self.fix: list[int] = []  # positions of held leaves a user's `feed` gives back donated
+
+    # -- the first calls ---------------------------------------------------------
+
+    def start(self) -> None:
+        """The cold call, on fresh copies; errors are kept in the row."""
+        fun0, args0, kwargs0 = self.originals
+        self.fun_tree = fresh_tree(fun0)
+        args, kwargs = fresh_tree(args0), fresh_tree(kwargs0)
+        try:
+            t0 = time.perf_counter()
+            self.out = out = self.bind(self.fun_tree)(*args, **kwargs)
+            block(out)
+            self.first = time.perf_counter() - t0
+        except Exception as e:  # a mode may fail ("strict"); the other rows go on
+            self.error = f"{type(e).__name__}: {e}"
+            return
+        self.feeding.learn(args, out)
+        self.args, self.kwargs = args, kwargs
+        self.renew_fun, self.renew_kwargs = _deleted_mask(self.fun_tree), _deleted_mask(kwargs)
+        self.renew_held = [_deleted_mask(args[i]) for i in self.feeding.held]
+        self.args = self._next_args(args, out, None, check=True)
+        self.window = in_flight_window(out)
+
+    def own_peak(self, calls: int, expected: int | None = None) -> None:
+        """The device memory a loop of this mode alone holds at its peak
+        (`OwnPeak`): `calls` calls on its own copies of the arguments, outputs
+        fed back, each call's held arguments copied just before it (as a loop
+        gets its next batch), pipelined, one block at the end. The row's timed
+        chain is left as it was."""
+        saved = self.fun_tree, self.args, self.kwargs, self.out
+        try:
+            with OwnPeak(expected) as meter:
+                fun0, args0, kwargs0 = self.originals
+                self.fun_tree = fresh_tree(fun0)
+                args, self.kwargs = fresh_tree(args0), fresh_tree(kwargs0)
+                self.out = self.bind(self.fun_tree)(*args, **self.kwargs)
+                self.args = self._next_args(args, self.out, None, check=False)
+                del args  # as a loop rebinds its model and state: the first copies go
+                self.timed(self._one_set() for _ in range(calls))
+            self.device_peak, self.device_peak_why = meter.bytes, meter.why
+        finally:
+            self.fun_tree, self.args, self.kwargs, self.out = saved
+
+    def warm(self, calls: int = 1) -> float:
+        """`calls` untimed pipelined calls; their time."""
+        return self.timed(self.prepare(calls))
+
+    # -- timed rounds ------------------------------------------------------------
+
+    def prepare(self, calls: int) -> list[tuple]:
+        """Fresh copies, outside the timed region, for every call of a round:
+        of the function's pytree, the held arguments and keyword arguments this
+        mode donates (and deletes); the same objects where it does not."""
+        sets = [self._one_set() for _ in range(calls)]
+        block(sets)
+        return sets
+
+    def _one_set(self) -> tuple:
+        fun0, args0, kwargs0 = self.originals
+        fun = _renew(fun0, self.fun_tree, self.renew_fun)
+        tail = tuple(_renew(args0[i], self.args[i], m) for i, m in zip(self.feeding.held, self.renew_held))
+        kwargs = _renew(kwargs0, self.kwargs, self.renew_kwargs)
+        fix = None
+        if self.fix:
+            leaves = jax.tree_util.tree_leaves(args0)
+            fix = {p: fresh_tree(leaves[p]) for p in self.fix}
+        return self.bind(fun), tail, kwargs, fix
+
+    def timed(self, sets: Iterable[tuple]) -> float:
+        """The calls of one round, pipelined, with one block at the end (`sets`
+        may be made as the calls go, by a generator)."""
+        feeding = self.feeding
+        feed, assemble = feeding.feed, feeding.assemble
+        args, out, window = self.args, self.out, self.window
+        t0 = time.perf_counter()
+        if feed is None:
+            for i, (call, held, kwargs, _) in enumerate(sets, 1):
+                args = assemble(out, held)  # the previous call's output, and this call's held arguments
+                out = call(*args, **kwargs)
+                if window and i % window == 0:
+                    block(out)
+        else:
+            for i, (call, _, kwargs, fix) in enumerate(sets, 1):
+                out = call(*args, **kwargs)
+                args = self._next_args(args, out, fix, check=False)
+                if window and i % window == 0:
+                    block(out)
+        block(out)
+        seconds = time.perf_counter() - t0
+        self.args, self.out = args, out
+        return seconds
+
+    def _next_args(self, args: tuple, out: Any, fix: dict | None, check: bool) -> tuple:
+        if self.feeding.feed is None:
+            return self.feeding.assemble(out, tuple(args[i] for i in self.feeding.held))
+        new = tuple(self.feeding.feed(args, out))
+        if check:
+            _check_fed(self.label, args, new)
+            old = jax.tree_util.tree_leaves(args)
+            self.fix = [p for p, x in enumerate(jax.tree_util.tree_leaves(new)) if x is old[p] and is_deleted(x)]
+            if self.fix:
+                fix = {p: fresh_tree(jax.tree_util.tree_leaves(self.originals[1])[p]) for p in self.fix}
+        return _with_leaves(new, fix) if fix else new
+
+    def live_inputs(self) -> tuple:
+        """A call's worth of live inputs: `(callee, args, kwargs)`."""
+        call, held, kwargs, fix = self.prepare(1)[0]
+        if self.feeding.feed is None:
+            return call, self.feeding.assemble(self.out, held), kwargs
+        return call, _with_leaves(self.args, fix) if fix else self.args, kwargs
+
+
+def _deleted_mask(tree: Any) -> Any:
+    """Which leaves of `tree` a call deleted (donated), as a tree of bools; None
+    where none was."""
+    mask = jax.tree_util.tree_map(is_deleted, tree, is_leaf=is_ref)
+    return mask if any(jax.tree_util.tree_leaves(mask)) else None
+
+
+def _renew(original: Any, current: Any, mask: Any) -> Any:
+    """`current` with a fresh copy of `original`'s leaf where `mask` says the
+    call deletes it; every other leaf (a `jax.Ref` whose state goes on) as it is."""
+    if mask is None:
+        return current
+    return jax.tree_util.tree_map(lambda o, c, m: fresh(o) if m else c, original, current, mask, is_leaf=is_ref)
+
+
+def _with_leaves(tree: Any, leaves_at: dict) -> Any:
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    for p, x in leaves_at.items():
+        leaves[p] = x
+    return treedef.unflatten(leaves)
+
+
+def _check_fed(label: str, args: tuple, new: tuple) -> None:
+    if len(new) != len(args) or jax.tree_util.tree_structure(new) != jax.tree_util.tree_structure(args):
+        from .._core.errors import keystr
+
+        old_paths = {keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(args)[0]}
+        new_paths = {keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(new)[0]}
+        differ = sorted(old_paths ^ new_paths) or ["(the containers' types)"]
+        raise ValueError(
+            f"compare_donation, mode {label}: feed(args, out) returned arguments of another structure "
+            f"than the step's (differing at args{differ[0]}); return the next call's positional "
+            f"arguments with the same structure as `args`."
+        )

@@ -1,0 +1,260 @@
+"""filter_jit: `jax.jit` over whole pytrees, leaf by leaf static, traced or donated."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, Literal, ParamSpec, TypeVar, overload
+
+import jax
+
+from .._core.boundary import Boundary, Split, flat_function, unique_paths
+from .._core.entry import Entry
+from .._fastpath.reuse import _enabled as reuse_switch
+from .._base.indexing import first_positions
+from .._core.out_specs import OutAxes
+from .lowering import AheadOfTime, lowering
+from .._core.outputs import OutputForm, pack_outputs
+from .._core.donation import donations_beside_refs
+from .._core.resolve import LeafResolver
+from .._core.roles import is_array, is_ref, parse_mode
+from .._core.eqx_errors import without_filtx_frames
+from .._core.errors import SpecError, output_path
+from .sharding import OUT_SHARDINGS, SHARDINGS, check_mesh, place, placed, under_mesh
+from .._core.share import unique_donation
+from .typing import Jitted
+from .wrapper import Wrapper, check_options, freeze, fun_donates, made_by, recover
+
+__all__ = ["filter_jit"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+DonateMode = Literal["none", "arrays", "warn", "strict", "all", "all-except-first", "warn-except-first"]
+
+_OWN = ["fun", "donate", "specs", "share", "in_shardings", "out_shardings", "mesh", "reuse_outputs"]
+_OWNED_BY_FILTX = ("static_argnums", "static_argnames", "donate_argnums", "donate_argnames")
+
+
+class _JitWrapper(AheadOfTime, Wrapper):
+    transform = "filter_jit"
+
+    def __init__(
+        self, fun: Callable, donate: str, specs: Any, share: bool, jitkwargs: dict, placing: tuple, reuse: bool
+    ):
+        mode = parse_mode(donate)
+        in_shardings, out_shardings, mesh = placing
+        check_mesh(mesh, "filter_jit")
+        super().__init__(fun, (mode, share, freeze(specs), freeze(jitkwargs), freeze(in_shardings), freeze(out_shardings), mesh))
+        self._share = share
+        self._jitkwargs = jitkwargs
+        self._mode = mode
+        self._mesh = mesh
+        self._reuse = reuse
+        self._out_shardings = None if out_shardings is None else OutAxes(out_shardings, OUT_SHARDINGS, "out_shardings")
+        placement = None if in_shardings is None else SHARDINGS
+        resolver = LeafResolver(
+            fun, mode=mode, specs=specs, placement=placement, placements=in_shardings, fun_donates=fun_donates(fun)
+        )
+        self._boundary = self._shared(
+            lambda: Boundary(resolver, share, self.name, runtime_refuses_aliasing=True, layouts=not share)
+        )
+        self._recheck = functools.partial(self._boundary.prepare, build=self._build, check_buffers=True)
+
+    def __call__(self, /, *args, **kwargs):
+        reuse = self._reuse and reuse_switch[0]
+        boundary = self._boundary
+        entry, dynamic, split = boundary.prepare(self._fun, args, kwargs, self._build, False, reuse)
+        try:  # free on success (zero-cost try)
+            out = entry.call(*dynamic)
+        except Exception as e:
+            try:
+                out = recover(e, dynamic, split, entry, self._recheck)
+            except RuntimeError as error:
+                without_filtx_frames(error)
+                raise
+        return boundary.finish(out, reuse, split, entry.out_form)
+
+    def _build(self, split: Split) -> Entry:
+        plan, pattern = split.plan, split.pattern
+        donated = plan.donate_mask if pattern is None else unique_donation(pattern, plan.donate_mask)
+        share, out_shardings, mesh = self._share, self._out_shardings, self._mesh
+
+        def body(fun, args, kwargs, dynamic):
+            out = fun(*args, **kwargs)
+            if out_shardings is not None:
+                out = _placed_outputs(out, out_shardings, mesh)
+            return pack_outputs(out, share, inputs=dynamic)
+
+        donate_argnums = tuple(i for i, d in enumerate(donated) if d)
+        donation = (self._mode, list(donated)) if donate_argnums else None
+        placing = {} if plan.axes is None else {"in_shardings": self._in_shardings(split)}
+        form = OutputForm()  # the compiled calls return their arrays alone
+        flat = flat_function(split, body, self.name, self.transform, self.source, donation, form)
+
+        def make(argnums: tuple) -> Callable:
+            return jax.jit(flat, donate_argnums=argnums, **placing, **self._jitkwargs)
+
+        jitted = make(donate_argnums)
+        entry = Entry(  # stages looked up when asked for (EQX_ON_ERROR=breakpoint swaps jax.jit for a function)
+            under_mesh(jitted, mesh), plan, pattern, lower=lowering(under_mesh(lambda *d: jitted.lower(*d), mesh)),
+            donates=bool(donate_argnums), trace=lowering(under_mesh(lambda *d: jitted.trace(*d), mesh)),
+        )
+        entry.placements = placing.get("in_shardings")
+        entry.out_form = form
+        if donate_argnums and any(map(is_ref, split.dynamic)):
+            _beside_refs(entry, jitted, make, donate_argnums, mesh)
+        return entry
+
+    def _in_shardings(self, split: Split) -> tuple:
+        """The sharding of every unique dynamic value, checked on this call's leaves."""
+        values = split.plan.unique_placements(split.pattern)
+        if all(v is None for v in values):
+            return values
+        paths = unique_paths(split.root, split.plan, split.pattern)
+        leaves = split.dynamic if split.pattern is None else [split.dynamic[i] for i in first_positions(split.pattern)]
+        return tuple(placed(v, self._mesh, p, x) for v, p, x in zip(values, paths, leaves))
+
+
+def _beside_refs(entry: Entry, jitted: Callable, make: Callable, donate_argnums: tuple, mesh: Any) -> None:
+    """A donating signature with `jax.Ref`s among its leaves: its first call (or
+    `.trace`, `.lower`) traces, then keeps only the donations JAX can compile next to the
+    Refs (`donations_beside_refs`), once per signature. JAX's trace cache serves
+    the final jit, so the function is traced once; later calls go straight to it."""
+    final: list = []
+
+    def decide(dynamic: tuple) -> Callable:
+        if not final:  # (EQX_ON_ERROR=breakpoint wraps jax.jit in a function without .trace)
+            traced = jitted.trace(*dynamic) if hasattr(jitted, "trace") else None
+            out_avals = [] if traced is None else jax.tree_util.tree_leaves(traced.out_info)
+            kept = donations_beside_refs(list(dynamic), out_avals, donate_argnums)
+            final.append(jitted if kept == donate_argnums else make(kept))
+        return final[0]
+
+    def first_call(*dynamic):
+        call = decide(dynamic)
+        entry.compiled = under_mesh(call, mesh)
+        return call(*dynamic)
+
+    entry.compiled = under_mesh(first_call, mesh)
+    entry.lower = lowering(under_mesh(lambda *d: decide(d).lower(*d), mesh))
+    entry.trace = lowering(under_mesh(lambda *d: decide(d).trace(*d), mesh))
+
+
+def _placed_outputs(out: Any, out_shardings: OutAxes, mesh: Any) -> Any:
+    """The output with every array placed as `out_shardings` says, on any kind of
+    mesh (see `_sharding.place`); callables answer on the traced output, once per
+    signature."""
+    leaves, treedef = jax.tree_util.tree_flatten(out)
+    values = out_shardings.per_leaf(out)
+    placed_leaves = []
+    for i, (x, v) in enumerate(zip(leaves, values)):
+        if v is not None and is_array(x):
+            try:
+                x = place(x, v, mesh)
+            except SpecError as e:
+                raise ValueError(f"out_shardings for {output_path(out, i)}: {e}") from None
+        placed_leaves.append(x)
+    return treedef.unflatten(placed_leaves)
+
+
+@overload
+def filter_jit(
+    fun: None = None, *, donate: DonateMode = "none", specs: Any = None, share: bool = False,
+    in_shardings: Any = None, out_shardings: Any = None, mesh: Any = None, reuse_outputs: bool = True,
+    **jitkwargs: Any
+) -> Callable[[Callable[P, R]], Jitted[P, R]]: ...
+
+
+@overload
+def filter_jit(
+    fun: Callable[P, R], *, donate: DonateMode = "none", specs: Any = None, share: bool = False,
+    in_shardings: Any = None, out_shardings: Any = None, mesh: Any = None, reuse_outputs: bool = True,
+    **jitkwargs: Any
+) -> Jitted[P, R]: ...
+
+
+def filter_jit(
+    fun=None, *, donate="none", specs=None, share=False, in_shardings=None, out_shardings=None, mesh=None,
+    reuse_outputs=True, **jitkwargs,
+):
+    """Compile a function of whole pytrees: arrays traced (or donated), everything
+    else static, unless `specs` says otherwise.
+
+    **Arguments:**
+
+    - `fun`: the function to compile. Any callable: a function, a callable
+        `eqx.Module`, a bound method, a `functools.partial`; its own arrays follow
+        the default mode. Leave it out to use `filter_jit(...)` as a decorator
+        with arguments.
+    - `donate`: the default mode. `"none"` (arrays traced, the default),
+        `"arrays"` (arrays donated, unusable-donation warnings hidden), `"warn"`
+        (arrays donated, warnings shown), or Equinox's `"all"`,
+        `"all-except-first"`, `"warn-except-first"` with Equinox's meaning.
+    - `specs`: roles per argument, a tuple (by position) or a dict (by parameter
+        name) of pytree prefixes whose leaves are `filtx.static`, `filtx.traced`,
+        `filtx.donate`, `True`, `False` or callables returning one of those.
+    - `share`: pass a leaf that stands at several positions once, and keep it
+        shared inside and in the outputs (see `filtx.unshare`).
+    - `in_shardings`: where the compiled call takes its array arguments: a prefix
+        of the arguments (a tuple by position, a dict by parameter name, as
+        `specs`) whose leaves are `jax.sharding.PartitionSpec`, a
+        `jax.sharding.Sharding`, `None` (as it is) or callables `leaf -> one of
+        those`. Static leaves take none. Uncommitted inputs (NumPy arrays, arrays
+        made outside a mesh) are placed there; committed arrays must already be.
+    - `out_shardings`: where array outputs go: a prefix of the output, with the
+        same leaves; callables answer on the traced output, once per signature.
+    - `mesh`: the `jax.sharding.Mesh` PartitionSpecs are read against (else the
+        mesh set by `jax.set_mesh`).
+    - `reuse_outputs`: when an argument is an object this function returned (the
+        model fed back into the next step) and cannot have changed since (an
+        Equinox Module, other immutable pytrees), take its leaves from what filtx
+        recorded when it built it instead of flattening it again (for outputs
+        with at least 16 leaves in such objects). Results are the same; `False`
+        (or `filtx.reuse_outputs(False)`) turns it off.
+    - `**jitkwargs`: passed to `jax.jit`, except `static_argnums`,
+        `static_argnames`, `donate_argnums` and `donate_argnames`, which filtx owns.
+
+    **Returns:**
+
+    The compiled function, called with the same arguments as `fun`. Array outputs
+    come back as `jax.Array`s; every other output is the object `fun` returned
+    when it was traced for this signature. Dispatch is asynchronous, as with
+    `jax.jit`. `.lower(*args, **kwargs)` gives ahead-of-time lowering. Called
+    under another transformation, it inlines into the outer trace (donation is
+    dropped there, as with `jax.jit`).
+
+    !!! example
+
+        ```python
+        import jax.numpy as jnp
+        import filtx
+
+        @filtx.filter_jit(donate="arrays", specs={"batch": filtx.traced})
+        def step(params, batch, lr=0.1):
+            grads = {k: 2 * v for k, v in params.items()}
+            new = {k: v - lr * grads[k] for k, v in params.items()}
+            return new, jnp.sum(batch)
+
+        params = {"w": jnp.ones(3)}
+        batch = jnp.arange(3.0)
+        params, total = step(params, batch)  # the old params' buffers are donated
+        assert float(total) == 3.0 and not batch.is_deleted()
+        ```
+    """
+    check_options("filter_jit", _OWN, jax.jit, jitkwargs, _OWNED_BY_FILTX)
+    parse_mode(donate)
+    if fun is None:
+        return functools.partial(
+            filter_jit, donate=donate, specs=specs, share=share, in_shardings=in_shardings,
+            out_shardings=out_shardings, mesh=mesh, reuse_outputs=reuse_outputs, **jitkwargs,
+        )
+    if not callable(fun):
+        raise TypeError(f"filter_jit needs a callable, got {type(fun).__name__}.")
+    options = dict(
+        donate=donate, specs=specs, share=share, in_shardings=in_shardings, out_shardings=out_shardings,
+        mesh=mesh, reuse_outputs=reuse_outputs, **jitkwargs,
+    )
+    wrapper = _JitWrapper(
+        fun, donate, specs, bool(share), jitkwargs, (in_shardings, out_shardings, mesh), bool(reuse_outputs)
+    )
+    return made_by(wrapper, filter_jit, options)

@@ -1,0 +1,256 @@
+"""The ahead-of-time surface of `jax.jit`, over whole pytrees: `.trace()`,
+`.lower()`, `.eval_shape()` and `.clear_cache()` on a wrapper (and on it bound
+as a method), and the `Traced`, `Lowered` and `Compiled` stages, whose compiled
+object is called with the same pytrees as the function."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+
+from .._core.donation import hidden_depth, hide_jax_warning, show_jax_warning
+from .._core.eqx_errors import without_filtx_frames
+from .export import exported_lowering
+from .._core.outputs import parts
+from .wrapper import dispatch
+
+__all__ = ["Traced", "Lowered", "Compiled", "AheadOfTime", "lowering"]
+
+
+def lowering(lower):
+    """`lower(*dynamic)` (or `trace`), hiding JAX's unusable-donation warning while
+    it runs as a call does (filtx's own check runs when it traces)."""
+
+    def lowered(*dynamic):
+        depth = hidden_depth()
+        try:
+            return lower(*dynamic)
+        finally:
+            show_jax_warning(depth)
+
+    return lowered
+
+
+class AheadOfTime:
+    """What `filter_jit`, `filter_pmap` and `filter_shard_map` wrappers share
+    beyond a call: the stages of `jax.jit`'s ahead-of-time API, for the same
+    arguments as a call. A compiled entry is what they work on; its `lower`,
+    `trace` and `compiled` (the callable abstract evaluation traces) come from
+    the transform."""
+
+    def _entry(self, args: tuple, kwargs: dict) -> tuple:
+        """`(entry, dynamic, split)` for these arguments, where a
+        `jax.ShapeDtypeStruct` stands for an array as in `jax.jit`'s stages: the
+        split sees an empty array of its dtype and rank in its place (so the
+        entry is the one a call with arrays finds), JAX's trace sees the shape."""
+        shapes: dict = {}
+        if any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree_util.tree_leaves((args, kwargs))):
+            args, kwargs = jax.tree_util.tree_map(lambda x: _stand_in(x, shapes), (args, kwargs))
+        entry, dynamic, split = self._boundary.prepare(self._fun, args, kwargs, self._build)
+        if shapes:
+            dynamic = [shapes.get(id(x), x) for x in dynamic]
+        return entry, dynamic, split
+
+    def trace(self, /, *args, **kwargs) -> "Traced":
+        """Trace for these arguments, without lowering or compiling.
+
+        **Arguments:** the same pytrees as a call.
+
+        **Returns:** a `Traced` with `.jaxpr` (the closed jaxpr of the computation
+        over the traced leaves) and `.lower()`.
+
+        !!! example
+
+            ```python
+            import jax.numpy as jnp
+            import filtx
+
+            f = filtx.filter_jit(lambda model, x: model["w"] * x + model["n"])
+            traced = f.trace({"w": jnp.ones(3), "n": 2}, jnp.ones(3))
+            assert "mul" in str(traced.jaxpr)
+            assert "stablehlo" in traced.lower().as_text()
+            ```
+        """
+        entry, dynamic, split = self._entry(args, kwargs)
+        return Traced(entry.trace(*dynamic), self, entry, split)
+
+    def lower(self, /, *args, **kwargs) -> "Lowered":
+        """Lower for these arguments (ahead-of-time compilation).
+
+        **Arguments:** the same pytrees as a call.
+
+        **Returns:** a `Lowered` with `.as_text()`, `.cost_analysis()` and
+        `.compile()`; the compiled object has `.cost_analysis()` and
+        `.memory_analysis()`, and is called with the same pytrees as the function.
+
+        !!! example
+
+            ```python
+            import jax.numpy as jnp
+            import filtx
+
+            f = filtx.filter_jit(lambda model, x: model["w"] @ x)
+            model, x = {"w": jnp.ones((4, 3)), "act": None}, jnp.ones(3)
+            compiled = f.lower(model, x).compile()
+            assert compiled.cost_analysis()["flops"] >= 24
+            assert compiled.memory_analysis() is not None
+            assert float(compiled(model, x)[0]) == 3.0
+            ```
+        """
+        entry, dynamic, _ = self._entry(args, kwargs)
+        return Lowered(entry.lower(*dynamic), self, entry)
+
+    def eval_shape(self, /, *args, **kwargs) -> Any:
+        """The output for these arguments, abstractly: nothing runs or compiles.
+
+        **Arguments:** the same pytrees as a call.
+
+        **Returns:** the output's tree, with a `jax.ShapeDtypeStruct` in place of
+        every array and every other leaf as the function returned it.
+
+        !!! example
+
+            ```python
+            import jax
+            import jax.numpy as jnp
+            import filtx
+
+            f = filtx.filter_jit(lambda x: {"y": x.sum(0), "name": "total"})
+            out = f.eval_shape(jnp.ones((4, 3)))
+            assert out["y"].shape == (3,) and out["name"] == "total"
+            ```
+        """
+        entry, dynamic, _ = self._entry(args, kwargs)
+        depth = hidden_depth()
+        try:
+            arrays, info = parts(jax.eval_shape(entry.compiled, *dynamic), entry.out_form)
+        finally:
+            show_jax_warning(depth)
+        return info.build(arrays)
+
+    def clear_cache(self) -> None:
+        """Forget this function's compiled entries (every wrapper equal to this one
+        shares them): the next call traces and compiles again. Other functions'
+        entries, and JAX's own caches, are untouched (see `filtx.clear_caches`).
+
+        **Returns:** `None`.
+
+        !!! example
+
+            ```python
+            import jax.numpy as jnp
+            import filtx
+
+            traces = []
+            f = filtx.filter_jit(lambda x: traces.append(None) or x + 1)
+            f(jnp.ones(2))
+            f.clear_cache()
+            f(jnp.ones(2))
+            assert len(traces) == 2
+            ```
+        """
+        self._boundary.clear()
+
+
+def _stand_in(x: Any, shapes: dict) -> Any:
+    """An empty array of `x`'s dtype and rank in place of a `ShapeDtypeStruct`
+    (kept as it is where JAX makes no such array), remembered in `shapes`."""
+    if not isinstance(x, jax.ShapeDtypeStruct):
+        return x
+    try:
+        stand_in = jax.numpy.zeros((0,) * len(x.shape), x.dtype)
+    except Exception:
+        return x
+    shapes[id(stand_in)] = x
+    return stand_in
+
+
+class Traced:
+    """A traced call (`.trace(...)`): `.jaxpr`, `.fun_name`, `.lower()`, and JAX's
+    own traced object as `.traced`. Lowered for `jax.export`, it gives what
+    `jax.export` reads, over whole pytrees (see `_export`)."""
+
+    def __init__(self, traced, wrapper, entry, split=None):
+        self.traced = traced
+        self._wrapper = wrapper
+        self._entry = entry
+        self._split = split
+
+    @property
+    def jaxpr(self):
+        return self.traced.jaxpr
+
+    @property
+    def fun_name(self) -> str:
+        return getattr(self._wrapper, "__name__", None) or self._wrapper.name
+
+    def lower(self, *args, **kwargs) -> "Lowered":
+        depth = hidden_depth()
+        if self._entry.plan.any_donated:  # filtx checked the donations when it traced
+            hide_jax_warning()
+        try:
+            lowered = self.traced.lower(*args, **kwargs)
+        finally:
+            show_jax_warning(depth)
+        if getattr(kwargs.get("_private_parameters"), "for_export", False):
+            specs = self._wrapper._boundary.resolver.specs
+            positional = list(getattr(specs, "positional", ()))
+            return exported_lowering(lowered, self._split, self._wrapper.name, positional, self._entry.out_form)
+        return Lowered(lowered, self._wrapper, self._entry)
+
+
+class Lowered:
+    """A lowered call: `.as_text()`, `.cost_analysis()`, `.compile()`, and JAX's own
+    lowered object as `.lowered`."""
+
+    def __init__(self, lowered, wrapper, entry):
+        self.lowered = lowered
+        self._wrapper = wrapper
+        self._entry = entry
+
+    def as_text(self, *args, **kwargs) -> str:
+        return self.lowered.as_text(*args, **kwargs)
+
+    def cost_analysis(self) -> Any:
+        return self.lowered.cost_analysis()
+
+    def compile(self, *args, **kwargs) -> "Compiled":
+        return Compiled(self.lowered.compile(*args, **kwargs), self._wrapper, self._entry)
+
+
+class Compiled:
+    """A compiled call, called with the same pytrees as the original function:
+    `.as_text()`, `.cost_analysis()`, `.memory_analysis()`, and JAX's own compiled
+    object as `.compiled`."""
+
+    def __init__(self, compiled, wrapper, entry):
+        self.compiled = compiled
+        self._wrapper = wrapper
+        self._entry = entry
+
+    def as_text(self) -> str:
+        return self.compiled.as_text()
+
+    def cost_analysis(self) -> Any:
+        return self.compiled.cost_analysis()
+
+    def memory_analysis(self) -> Any:
+        return self.compiled.memory_analysis()
+
+    def __call__(self, /, *args, **kwargs) -> Any:
+        wrapper = self._wrapper
+        entry, dynamic, split = wrapper._boundary.prepare(wrapper._fun, args, kwargs, wrapper._build)
+        if entry is not self._entry:
+            raise ValueError(
+                "this compiled function was lowered for arguments with another tree "
+                "structure, other static values or another sharing pattern; call "
+                "`.lower(...)` again for these arguments, or call the wrapped "
+                "function itself."
+            )
+        try:
+            out = dispatch(self.compiled, dynamic, split, entry, getattr(wrapper, "_recheck", None))
+        except RuntimeError as e:
+            without_filtx_frames(e)
+            raise
+        return wrapper._boundary.finish(out, False, split, entry.out_form)

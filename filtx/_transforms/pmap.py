@@ -1,0 +1,322 @@
+"""filter_pmap: data-parallel steps over whole pytrees, on `jax.jit` + `jax.shard_map`.
+
+The per-device function is traced once per per-device signature to a closed
+jaxpr with the axis name bound (`jax.make_jaxpr(..., axis_env=...)`), under the
+view a shard_map body has of its mesh; callable out_axes are resolved on that
+trace's output. The jaxpr then runs per device in `jax.jit(jax.shard_map(...))`
+over a one-axis mesh of the devices (see `_per_shard`), its mapped axis
+squeezed on the way in and restored on the way out, as `jax.pmap` does since
+JAX 0.8; `jax.pmap` itself is not used. A new placement of the inputs, or a new
+context, makes JAX trace the jaxpr's evaluation again, never the user's function.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, ParamSpec, TypeVar, overload
+
+import jax
+import numpy as np
+from jax.extend.core import jaxpr_as_fun
+from jax.sharding import Mesh, PartitionSpec
+
+from .._base.jax_compat import top_level
+from .._core.boundary import Boundary, Split, flat_function, unique_paths
+from .._core.entry import Entry
+from .._core.caches import BoundedCache
+from .._core.errors import (
+    dynamic_paths, no_mapped_input_error, owned_option_error, refs_in_pmap_error, unknown_option_error,
+)
+from .hosts import Hosts, mapped_size_error, mesh_devices
+from .lowering import AheadOfTime, lowering
+from .._core.out_specs import OutAxes, config_key
+from .._core.outputs import pack_outputs, unpack
+from .per_shard import PerShard, manual_view
+from .._core.placement import AXES
+from .._core.prefix import broadcast_prefix
+from .._core.resolve import LeafResolver
+from .._fastpath.reuse import _enabled as reuse_switch
+from .._core.roles import if_array, is_ref, parse_mode
+from .._core.share import unique_donation
+from .typing import Pmapped
+from .._core.varying import check_unmapped_outputs
+from .wrapper import Wrapper, call_error, dispatch, freeze, fun_donates, made_by
+
+__all__ = ["filter_pmap"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+_DEFAULT_AXIS_NAME = "filtx_pmap_axis"
+_OWN = [
+    "fun", "in_axes", "out_axes", "axis_name", "axis_size", "donate", "specs", "share", "devices", "backend",
+    "reuse_outputs",
+]
+_OWNED_BY_FILTX = ("static_broadcasted_argnums", "donate_argnums")
+
+
+def _spec(name: Any, axis: int | None) -> PartitionSpec:
+    return PartitionSpec() if axis is None else PartitionSpec(*([None] * axis), name)
+
+
+class _PmapWrapper(AheadOfTime, Wrapper):
+    transform = "filter_pmap"
+
+    def __init__(self, fun, in_axes, out_axes, axis_name, axis_size, donate, specs, share, devices, backend, reuse):
+        mode = parse_mode(donate)
+        super().__init__(fun, (
+            mode, share, freeze(specs), freeze(in_axes), freeze(out_axes), axis_name, axis_size, freeze(devices), backend,
+        ))
+        self._boundary = self._shared(lambda: Boundary(
+            LeafResolver(fun, mode=mode, specs=specs, placement=AXES, placements=in_axes, fun_donates=fun_donates(fun)), share, self.name,
+            layouts=not share,
+        ))
+        self._out_axes = OutAxes(out_axes)
+        self._axis_name = _DEFAULT_AXIS_NAME if axis_name is None else axis_name
+        self._axis_size = axis_size
+        self._devices = None if devices is None else tuple(devices)
+        self._backend = backend
+        self._share = share
+        self._mode = mode
+        self._reuse = reuse
+
+    def __call__(self, /, *args, **kwargs):
+        reuse = self._reuse and reuse_switch[0]
+        entry, dynamic, split = self._boundary.prepare(self._fun, args, kwargs, self._build, False, reuse)
+        try:
+            out = dispatch(entry.call, dynamic, split, entry)
+        except Exception as e:
+            raise call_error(e, (ValueError, IndexError, TypeError), lambda _: self._size_error(split, dynamic))
+        return self._boundary.finish(out, reuse, split)
+
+    def _build(self, split: Split) -> Entry:
+        plan, pattern = split.plan, split.pattern
+        if any(map(is_ref, split.dynamic)):
+            path = next(p for p, x in zip(dynamic_paths(split.root, plan), split.dynamic) if is_ref(x))
+            raise refs_in_pmap_error(path)
+        donated = plan.donate_mask if pattern is None else unique_donation(pattern, plan.donate_mask)
+        out_axes, share = self._out_axes, self._share
+
+        def body(fun, args, kwargs, dynamic):
+            return pack_outputs(fun(*args, **kwargs), share, out_axes.per_leaf, dynamic)
+
+        donation = (self._mode, list(donated)) if any(donated) else None
+        flat = flat_function(split, body, self.name, self.transform, self.source, donation)
+        runner = _Runner(self, flat, plan.unique_placements(pattern), donated)
+        return Entry(
+            runner.call, plan, pattern, lower=lowering(runner.lower),
+            donates=donation is not None, trace=lowering(runner.trace),
+        )
+
+    def _size_error(self, split: Split, dynamic: list) -> ValueError | None:
+        paths = unique_paths(split.root, split.plan, split.pattern)
+        axes = split.plan.unique_placements(split.pattern)
+        return mapped_size_error(paths, dynamic, axes, self._axis_size, self._devices, self._backend)
+
+
+class _Runner:
+    """One entry's calls: a `PerShard` per device count, and the user's function
+    traced once per per-device signature (and configuration)."""
+
+    def __init__(self, wrapper: _PmapWrapper, flat: Callable, axes: tuple, donated):
+        self.wrapper = wrapper
+        self.flat = flat
+        self.axes = axes
+        self.donate_argnums = tuple(i for i, d in enumerate(donated) if d)
+        self.first = next((i for i, a in enumerate(axes) if a is not None), None)
+        self.runs: dict = {}
+        self.traces = BoundedCache()
+        self.hosts = Hosts.get(wrapper._backend)
+
+    def call(self, *unique):
+        run = self.runs.get(self._local_size(unique)) or self._new_run(unique)
+        if self.hosts is not None and top_level():
+            return self.hosts.to_local(run.mesh, run(*self._global(run, unique)))
+        try:
+            return run(*unique)
+        except (ValueError, KeyError):  # KeyError: JAX 0.10 meeting another mesh's Explicit axes
+            moved = run.misplaced(unique)
+            if not moved or not top_level():
+                raise
+            return run(*run.moved(unique, moved, self.donate_argnums))
+
+    def lower(self, *unique):
+        run = self.runs.get(self._local_size(unique)) or self._new_run(unique)
+        return run.lower(*(self._global(run, unique) if self.hosts is not None else unique))
+
+    def trace(self, *unique):
+        run = self.runs.get(self._local_size(unique)) or self._new_run(unique)
+        return run.trace(*(self._global(run, unique) if self.hosts is not None else unique))
+
+    def _global(self, run: PerShard, unique: tuple) -> tuple:
+        name = self.wrapper._axis_name
+        return self.hosts.to_global(run.mesh, unique, lambda i: _spec(name, _mapped_axis(self.axes[i], unique[i])))
+
+    def _local_size(self, unique: tuple) -> int | None:
+        if self.first is None:
+            return None
+        return unique[self.first].shape[self.axes[self.first]]
+
+    def _new_run(self, unique: tuple) -> PerShard:
+        wrapper, local_size = self.wrapper, self._local_size(unique)
+        if local_size is None:
+            if wrapper._axis_size is None:
+                raise no_mapped_input_error("filter_pmap")
+            local_size = wrapper._axis_size // jax.process_count(wrapper._backend)
+        devices, size = mesh_devices(local_size, wrapper._axis_size, wrapper._devices, wrapper._backend)
+        name = wrapper._axis_name
+        mesh = Mesh(np.array(devices), (name,))
+        trace, axes = self._trace, self.axes
+
+        def inner(*xs):
+            mapped = [_mapped_axis(a, x) for a, x in zip(axes, xs)]
+            per_device = tuple(_per_device(x, a) for x, a in zip(xs, mapped))
+            closed, out_treedef, out_axes = trace(per_device, mesh, size)
+
+            def per_shard(*xs):
+                xs = [x if a is None else jax.lax.squeeze(x, [a]) for x, a in zip(xs, mapped)]
+                outs = jaxpr_as_fun(closed)(*xs)
+                return out_treedef.unflatten([y if b is None else jax.lax.expand_dims(y, [b]) for y, b in zip(outs, out_axes)])
+
+            in_specs = tuple(_spec(name, a) for a in mapped)
+            return per_shard, in_specs, out_treedef.unflatten([_spec(name, b) for b in out_axes])
+
+        placements = tuple(_spec(name, a) if a is None or a >= 0 else None for a in axes)
+        run = PerShard(inner, mesh, placements, frozenset({name}), False, self.donate_argnums)
+        self.runs[local_size if self.first is not None else None] = run
+        return run
+
+    def _trace(self, per_device: tuple, mesh: Mesh, size: int) -> tuple:
+        """`(closed jaxpr, output structure, the out axis of each array output)`."""
+        key = (per_device, config_key(), size)
+        return self.traces.get_or_build(key, lambda: self._trace_once(per_device, mesh, size))
+
+    def _trace_once(self, per_device: tuple, mesh: Mesh, size: int) -> tuple:
+        out_axes, name, resolved = self.wrapper._out_axes, self.wrapper._axis_name, []
+
+        def traced(*xs):
+            arrays, carrier = self.flat(*xs)
+            if out_axes.needs_evaluation:
+                resolved.append(out_axes.tree_for(unpack(arrays, carrier)))
+            return arrays, carrier
+
+        shapes = [jax.ShapeDtypeStruct(s, d, weak_type=w) for s, d, w in per_device]
+        with jax.sharding.use_abstract_mesh(manual_view(mesh, (name,))):
+            closed, out_shape = jax.make_jaxpr(traced, axis_env=[(name, size)], return_shape=True)(*shapes)
+        tree = resolved[0] if resolved else out_axes.translated
+        arrays = out_shape[0]
+        flat_axes = [a for a, _, _ in broadcast_prefix(tree, arrays, AXES.prefix_leaf)]
+        check_unmapped_outputs(closed, [a is not None for a in self.axes], arrays, flat_axes)
+        flat_axes = [None if b is None else b % (len(aval.shape) + 1) for b, aval in zip(flat_axes, closed.out_avals)]
+        return closed, jax.tree_util.tree_structure(out_shape), flat_axes
+
+
+def _mapped_axis(axis: int | None, x: Any) -> int | None:
+    return None if axis is None else axis % np.ndim(x)
+
+
+def _per_device(x, axis) -> tuple:
+    aval = jax.typeof(x)
+    shape = list(aval.shape)
+    if axis is not None:
+        del shape[axis]
+    return (tuple(shape), aval.dtype, aval.weak_type)
+
+
+@overload
+def filter_pmap(
+    fun: None = None, *, in_axes: Any = if_array(0), out_axes: Any = if_array(0), axis_name: Any = None,
+    axis_size: int | None = None, donate: str = "none", specs: Any = None, share: bool = False,
+    devices: Any = None, backend: str | None = None, reuse_outputs: bool = True,
+) -> Callable[[Callable[P, R]], Pmapped[P, Any]]: ...
+
+
+@overload
+def filter_pmap(
+    fun: Callable[P, R], *, in_axes: Any = if_array(0), out_axes: Any = if_array(0), axis_name: Any = None,
+    axis_size: int | None = None, donate: str = "none", specs: Any = None, share: bool = False,
+    devices: Any = None, backend: str | None = None, reuse_outputs: bool = True,
+) -> Pmapped[P, Any]: ...
+
+
+def filter_pmap(
+    fun=None, *, in_axes=if_array(0), out_axes=if_array(0), axis_name=None, axis_size=None,
+    donate="none", specs=None, share=False, devices=None, backend=None, reuse_outputs=True, **unknown,
+):
+    """Run a function of whole pytrees on several devices, data-parallel.
+
+    Arrays are mapped over `in_axes` (one slice per device), everything else is
+    held static; steps may take and return whole models (functions and other
+    non-arrays inside). The function is traced once per new signature.
+
+    **Arguments:**
+
+    - `fun`: the per-device function. Leave it out to use `filter_pmap(...)` as a
+        decorator with arguments.
+    - `in_axes`, `out_axes`: as in `filtx.filter_vmap` (ints, `None`, callables,
+        `filtx.static`, dicts by parameter name). `None` on an output returns one
+        copy of a value that is the same on every device (e.g. a `pmean`'d loss).
+    - `axis_name`: the name collectives (`jax.lax.pmean`, `psum`) use inside.
+    - `axis_size`, `devices`, `backend`: as in `jax.pmap`. With `axis_size=`, a
+        call may map no input at all.
+    - `donate`, `specs`: roles and donation, as in `filtx.filter_jit`.
+    - `share`: the shared-leaf pass, as in `filtx.filter_jit`.
+    - `reuse_outputs`: objects this function returned or was passed before are
+        not flattened again, as in `filtx.filter_jit`.
+
+    **Returns:**
+
+    The parallel function, with `.lower(*args, **kwargs)` for ahead-of-time
+    compilation. It runs as `jax.jit(jax.shard_map(...))` over a one-axis mesh of
+    the devices (not on `jax.pmap`), whether or not a mesh is set with
+    `jax.set_mesh`. Array outputs are `NamedSharding` arrays over that mesh:
+    `out[0]` gathers device 0's copy; `out.addressable_shards[0].data` reads it
+    where it is. Inputs committed elsewhere are moved (a donated one deleted
+    once moved). Under `jax.distributed`, each process passes its local shards
+    and gets its local shards back, as with `jax.pmap`.
+
+    !!! example
+
+        ```python
+        import jax
+        import jax.numpy as jnp
+        import filtx
+
+        n = jax.local_device_count()
+
+        @filtx.filter_pmap(axis_name="d", out_axes=(filtx.if_array(0), None))
+        def step(params, x):
+            grad = jax.lax.pmean(x * params["w"], "d")
+            return {"w": params["w"] - 0.1 * grad}, jax.lax.pmean(jnp.sum(x), "d")
+
+        params = {"w": jnp.ones((n, 3))}
+        params, total = step(params, jnp.ones((n, 3)))
+        assert params["w"].shape == (n, 3) and total.shape == ()
+        ```
+    """
+    _check_unknown(unknown)
+    parse_mode(donate)
+    if fun is None:
+        return functools.partial(
+            filter_pmap, in_axes=in_axes, out_axes=out_axes, axis_name=axis_name,
+            axis_size=axis_size, donate=donate, specs=specs, share=share,
+            devices=devices, backend=backend, reuse_outputs=reuse_outputs,
+        )
+    if not callable(fun):
+        raise TypeError(f"filter_pmap needs a callable, got {type(fun).__name__}.")
+    options = dict(
+        in_axes=in_axes, out_axes=out_axes, axis_name=axis_name, axis_size=axis_size, donate=donate,
+        specs=specs, share=share, devices=devices, backend=backend, reuse_outputs=reuse_outputs,
+    )
+    wrapper = _PmapWrapper(
+        fun, in_axes, out_axes, axis_name, axis_size, donate, specs, bool(share), devices, backend, bool(reuse_outputs)
+    )
+    return made_by(wrapper, filter_pmap, options)
+
+
+def _check_unknown(unknown: dict) -> None:
+    taken = [k for k in _OWNED_BY_FILTX if k in unknown]
+    if taken:
+        raise owned_option_error("filter_pmap", taken)
+    if unknown:
+        raise unknown_option_error("filter_pmap", next(iter(unknown)), _OWN, "filter_pmap itself")

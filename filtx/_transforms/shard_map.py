@@ -1,0 +1,266 @@
+"""filter_shard_map: `jax.shard_map` over whole pytrees. Arrays take
+PartitionSpecs from prefix trees (by position, by name, or callables); every
+other leaf is held static and never given to `shard_map`; outputs may be whole
+models; callable out specs are resolved on the traced per-shard output once per
+signature. Calls run as `jax.jit(jax.shard_map(...))` (see `_per_shard`): at the
+top level, uncommitted inputs are placed as `in_specs` say; a committed one
+placed otherwise is moved on Auto axes (as `jax.shard_map` moves it) and is an
+error naming its path where its placement or its spec names an Explicit axis."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, ParamSpec, TypeVar, overload
+
+import jax
+from jax.sharding import PartitionSpec
+
+from .._base.jax_compat import top_level, user_out_specs as _user_out_specs
+from .._core.boundary import Boundary, Split, flat_function, unique_paths
+from .._core.entry import Entry
+from .._core.caches import BoundedCache
+from .._core.eqx_errors import without_filtx_frames
+from .._core.errors import unknown_option_error
+from .lowering import AheadOfTime, lowering
+from .mapped import traced_numbers_as_arrays
+from .._core.out_specs import OutAxes, config_key, resolve_by_evaluation
+from .._core.outputs import pack_outputs, unpack
+from .per_shard import PerShard, per_shard_shape
+from .._core.resolve import LeafResolver
+from .._fastpath.reuse import _enabled as reuse_switch
+from .._base.indexing import first_positions
+from .._core.roles import MODES, is_ref, static
+from .sharding import OUT_SPECS, SPECS, ambient_concrete_mesh, ambient_mesh, check_mesh, inferred_spec, misplaced_error
+from .typing import Jitted
+from .wrapper import Wrapper, dispatch, freeze, made_by
+
+__all__ = ["filter_shard_map"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+_OWN = ["fun", "mesh", "in_specs", "out_specs", "axis_names", "check_vma", "specs", "share", "reuse_outputs"]
+_REPLICATED = PartitionSpec()
+
+
+def _spec(value: Any) -> PartitionSpec | None:
+    """An in spec as `PerShard` takes it: None is inferred per call (see `inferred_spec`)."""
+    return _REPLICATED if value is static else value
+
+
+def _out_spec(value: Any) -> PartitionSpec:
+    return _REPLICATED if value is None or value is static else value
+
+
+class _ShardMapEntry(Entry):
+    __slots__ = ("make_flat", "flat", "specs", "placed", "resolved", "runs")
+
+
+class _ShardMapWrapper(AheadOfTime, Wrapper):
+    transform = "filter_shard_map"
+
+    def __init__(self, fun, mesh, in_specs, out_specs, axis_names, check_vma, specs, share, reuse):
+        check_mesh(mesh, "filter_shard_map")
+        super().__init__(fun, (mesh, freeze(in_specs), freeze(out_specs), freeze(axis_names), check_vma, freeze(specs), share))
+        resolver = LeafResolver(
+            fun, mode=MODES["none"], specs=specs, placement=SPECS, placements=in_specs, arrays_may_be_static=True
+        )
+        self._boundary = self._shared(lambda: Boundary(
+            resolver, share, self.name, unhashable_statics=True, layouts=not share
+        ))
+        self._out_specs = OutAxes(out_specs, OUT_SPECS, "out_specs")
+        self._fixed_out_specs = None if self._out_specs.needs_evaluation else _replicated_where_unset(self._out_specs.translated)
+        self._mesh = mesh
+        self._axis_names = frozenset(axis_names or ())
+        self._check_vma = check_vma
+        self._share = share
+        self._reuse = reuse
+
+    def __call__(self, /, *args, **kwargs):
+        reuse = self._reuse and reuse_switch[0]
+        entry, dynamic, split = self._boundary.prepare(self._fun, args, kwargs, self._build, False, reuse)
+        dynamic = traced_numbers_as_arrays(dynamic)
+        run = self._run(entry)
+        try:
+            out = dispatch(run, dynamic, split, entry)
+        except ValueError as e:
+            misplaced = run.misplaced(dynamic) if top_level() else None
+            if misplaced:
+                refused = [i for i in misplaced if not run.movable(dynamic[i], i)]
+                if not refused:  # on Auto axes: moved, as jax.shard_map moves them
+                    return self._boundary.finish(dispatch(run, run.moved(dynamic, misplaced, ()), split, entry), reuse, split)
+                paths = unique_paths(split.root, split.plan, split.pattern)
+                targets = [s if i in refused else None for i, s in enumerate(run.shardings)]
+                raise misplaced_error(paths, dynamic, targets, None, "in_specs") from None
+            _user_out_specs(e)
+            raise
+        except RuntimeError as e:
+            without_filtx_frames(e)
+            raise
+        return self._boundary.finish(out, reuse, split)
+
+    def _build(self, split: Split) -> Entry:
+        out_specs, share = self._out_specs, self._share
+        entry = _ShardMapEntry(None, split.plan, split.pattern)
+        entry.specs = tuple(_spec(v) for v in split.plan.unique_placements(split.pattern))
+        unique = split.dynamic if split.pattern is None else [split.dynamic[i] for i in first_positions(split.pattern)]
+        entry.placed = tuple(None if is_ref(x) else s for x, s in zip(unique, entry.specs))  # a Ref is taken where it is
+        entry.resolved = BoundedCache()
+        entry.runs = {}
+        split = split._replace(dynamic=None, root=None)  # keep no argument alive
+
+        source = self.source
+
+        def make_flat(prefix, structured: bool = True) -> Callable:
+            """The flat function packing outputs for the out-specs tree `prefix`
+            (a resolved tree, no callables; None: the user's own), or in the flat form."""
+            axes_of = functools.partial(out_specs.per_leaf, prefix=prefix) if structured else None
+
+            def body(fun, args, kwargs, dynamic):
+                return pack_outputs(fun(*args, **kwargs), share, axes_of, dynamic)
+
+            return flat_function(split, body, self.name, self.transform, source)
+
+        entry.make_flat = make_flat
+        entry.flat = entry.call = make_flat(None, structured=not out_specs.needs_evaluation)
+        entry.compiled = lambda *xs: self._run(entry)(*traced_numbers_as_arrays(list(xs)))
+        entry.lower = lowering(lambda *xs: self._run(entry).lower(*traced_numbers_as_arrays(list(xs))))
+        entry.trace = lowering(lambda *xs: self._run(entry).trace(*traced_numbers_as_arrays(list(xs))))
+        return entry
+
+    def _run(self, entry) -> PerShard:
+        """The entry's jitted shard_map on this call's mesh."""
+        mesh = self._mesh or ambient_concrete_mesh() or ambient_mesh()
+        if mesh is None:
+            raise ValueError(
+                "filter_shard_map has no mesh: pass mesh= to it, or set one with `jax.set_mesh(mesh)`."
+            )
+        return entry.runs.get(mesh) or self._new_run(entry, mesh)
+
+    def _new_run(self, entry, mesh) -> PerShard:
+        """The jitted shard_map of this entry on `mesh`; its out specs resolved while
+        JAX traces it, once per signature."""
+
+        def inner(*xs):
+            specs = tuple(inferred_spec(x, mesh) if s is None else s for x, s in zip(xs, entry.specs))
+            if self._fixed_out_specs is not None:
+                tree, flat = self._fixed_out_specs, entry.flat
+            else:
+                key = (tuple(map(jax.typeof, xs)), config_key(), mesh)
+                tree, flat = entry.resolved.get_or_build(key, lambda: self._evaluate_out_specs(entry, xs, specs, mesh))
+            return flat, specs, (tree, _REPLICATED)
+
+        run = entry.runs[mesh] = PerShard(inner, mesh, entry.placed, self._axis_names, self._check_vma)
+        return run
+
+    def _evaluate_out_specs(self, entry, xs: tuple, specs: tuple, mesh) -> Any:
+        """Trace the per-shard function once, with the mesh's axes bound, and answer
+        the callable out specs on its output."""
+        shapes = [per_shard_shape(jax.typeof(x), spec, mesh) for x, spec in zip(xs, specs)]
+        axis_env = [(name, size) for name, size in mesh.shape.items()]
+
+        def evaluate(record):
+            jax.make_jaxpr(lambda *xs: record(unpack(*entry.flat(*xs))) or (), axis_env=axis_env)(*shapes)
+
+        tree = _replicated_where_unset(resolve_by_evaluation(self._out_specs, evaluate))
+        return tree, entry.make_flat(tree)
+
+
+def _replicated_where_unset(tree: Any) -> Any:
+    return jax.tree_util.tree_map(_out_spec, tree, is_leaf=lambda x: x is None or x is static)
+
+
+@overload
+def filter_shard_map(
+    fun: None = None, *, mesh: Any = None, in_specs: Any = None, out_specs: Any = None,
+    axis_names: Any = None, check_vma: bool = True, specs: Any = None, share: bool = False,
+    reuse_outputs: bool = True,
+) -> Callable[[Callable[P, R]], Jitted[P, Any]]: ...
+
+
+@overload
+def filter_shard_map(
+    fun: Callable[P, R], *, mesh: Any = None, in_specs: Any = None, out_specs: Any = None,
+    axis_names: Any = None, check_vma: bool = True, specs: Any = None, share: bool = False,
+    reuse_outputs: bool = True,
+) -> Jitted[P, Any]: ...
+
+
+def filter_shard_map(
+    fun=None, *, mesh=None, in_specs=None, out_specs=None, axis_names=None, check_vma=True, specs=None,
+    share=False, reuse_outputs=True, **unknown,
+):
+    """`jax.shard_map` over whole pytrees: the function runs once per shard, its
+    array arguments split by `in_specs`; non-arrays are held static.
+
+    **Arguments:**
+
+    - `fun`: the per-shard function. Leave it out to use `filter_shard_map(...)`
+        as a decorator with arguments.
+    - `mesh`: the `jax.sharding.Mesh` (else the one set by `jax.set_mesh`).
+    - `in_specs`: a prefix of the arguments (a tuple by position, a dict by
+        parameter name) whose leaves are `jax.sharding.PartitionSpec`, `None`,
+        `filtx.static` (held static, closed over) or callables `leaf -> one of
+        those`. `None`, and any argument it does not cover, is split as its type
+        says on the mesh's Explicit axes (what `jax.shard_map` infers when its
+        `in_specs` is left out) and replicated on Auto axes. At the top level,
+        uncommitted inputs are placed as their spec says; a committed input
+        placed otherwise on the same devices is moved there on Auto axes, as
+        `jax.shard_map` moves it, and is an error naming its path where its
+        placement or its spec names an Explicit axis, or where it is on other
+        devices (move it first, as the message says). On Explicit axes, an
+        input's type is resharded to its spec where it differs (inside another
+        trace too).
+    - `out_specs`: a prefix of the output, with the same leaves; callables answer
+        on the traced per-shard output, once per signature. Non-array outputs come
+        back as they were returned.
+    - `axis_names`, `check_vma`: as in `jax.shard_map`; collectives over the
+        mesh's axis names work inside.
+    - `specs`: `filtx.static` / `filtx.traced` per leaf, with `filter_jit`'s rules.
+    - `share`: pass a leaf standing at several positions (with one spec) once.
+    - `reuse_outputs`: objects this function returned or was passed before are
+        not flattened again, as in `filtx.filter_jit`.
+
+    **Returns:**
+
+    The sharded function, called eagerly or inside `filtx.filter_jit` (which
+    donates through it).
+
+    !!! example
+
+        ```python
+        import jax
+        import jax.numpy as jnp
+        import filtx
+        from jax.sharding import PartitionSpec as P
+
+        n = len(jax.devices())
+        mesh = jax.make_mesh((n,), ("data",))
+
+        @filtx.filter_shard_map(mesh=mesh, in_specs={"batch": P("data")}, out_specs=(P(), None))
+        def loss(model, batch):
+            local = jnp.mean((batch @ model["w"]) ** 2)
+            return jax.lax.pmean(local, "data"), model["name"]
+
+        value, name = loss({"w": jnp.ones((3, 1)), "name": "probe"}, jnp.ones((n * 4, 3)))
+        assert float(value) == 9.0 and name == "probe"
+        ```
+    """
+    if unknown:
+        raise unknown_option_error("filter_shard_map", next(iter(unknown)), _OWN, "filter_shard_map itself")
+    if fun is None:
+        return functools.partial(
+            filter_shard_map, mesh=mesh, in_specs=in_specs, out_specs=out_specs, axis_names=axis_names,
+            check_vma=check_vma, specs=specs, share=share, reuse_outputs=reuse_outputs,
+        )
+    if not callable(fun):
+        raise TypeError(f"filter_shard_map needs a callable, got {type(fun).__name__}.")
+    options = dict(
+        mesh=mesh, in_specs=in_specs, out_specs=out_specs, axis_names=axis_names, check_vma=check_vma,
+        specs=specs, share=share, reuse_outputs=reuse_outputs,
+    )
+    wrapper = _ShardMapWrapper(
+        fun, mesh, in_specs, out_specs, axis_names, check_vma, specs, bool(share), bool(reuse_outputs)
+    )
+    return made_by(wrapper, filter_shard_map, options)
+

@@ -1,0 +1,267 @@
+"""filter_vmap: `jax.vmap` over whole pytrees, with keyword arguments and
+callable out_axes resolved by abstract evaluation."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, ParamSpec, TypeVar, overload
+
+import jax
+import jax.numpy as jnp
+
+from .._base.jax_compat import names_out_axes
+from .._core.boundary import Boundary, Split, flat_function
+from .._core.entry import Entry
+from .._core.caches import BoundedCache
+from .._core.errors import (
+    donation_in_mapped_error,
+    dynamic_paths,
+    in_axes_error,
+    no_mapped_input_error,
+    unmapped_outputs_error,
+)
+from .mapped import check_no_donate_spec, first_failing, traced_numbers_as_arrays
+from .._core.out_specs import OutAxes, config_key, resolve_by_evaluation
+from .._core.outputs import pack_outputs, unpack
+from .._core.placement import AXES
+from .._core.resolve import LeafResolver
+from .._core.roles import MODES, if_array
+from .typing import Mapped
+from .wrapper import Wrapper, call_error, check_options, dispatch, freeze, made_by
+
+__all__ = ["filter_vmap"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+_OWN = ["fun", "in_axes", "out_axes", "axis_name", "axis_size", "specs", "share"]
+_IN_TRACE = object()  # abstract evaluation needed concrete values: resolve inside the real trace
+_CONCRETENESS_ERRORS = (
+    jax.errors.ConcretizationTypeError,
+    jax.errors.TracerArrayConversionError,
+    jax.errors.NonConcreteBooleanIndexError,
+)
+
+
+class _VmapEntry(Entry):
+    """Per (static leaves, sharing pattern): the in axes of the unique values, the
+    flat function per out-axes tree, and the trees resolved per input signature."""
+
+    __slots__ = ("make_flat", "flat", "axes", "resolved")
+
+
+class _VmapWrapper(Wrapper):
+    transform = "filter_vmap"
+
+    def __init__(self, fun, in_axes, out_axes, axis_name, axis_size, specs, share, vmapkwargs):
+        super().__init__(
+            fun, (freeze(in_axes), freeze(out_axes), axis_name, axis_size, freeze(specs), share, freeze(vmapkwargs))
+        )
+        check_no_donate_spec(specs)
+        resolver = LeafResolver(fun, mode=MODES["none"], specs=specs, placement=AXES, placements=in_axes, arrays_may_be_static=True)
+        self._boundary = self._shared(lambda: Boundary(resolver, share, self.name, unhashable_statics=True))
+        self._out_axes = OutAxes(out_axes)
+        self._axis_name = axis_name
+        self._axis_size = axis_size
+        self._share = share
+        self._vmapkwargs = vmapkwargs
+
+    def __call__(self, /, *args, **kwargs):
+        entry, dynamic, split = self._boundary.prepare(self._fun, args, kwargs, self._build)
+        dynamic = traced_numbers_as_arrays(dynamic)
+        axes = entry.axes
+        if self._axis_size is None and all(a is None for a in axes):
+            return self._unbatched(entry, dynamic)
+        out_axes, flat = self._out_axes.translated, entry.flat
+        if self._out_axes.needs_evaluation:
+            key = (tuple(map(jax.typeof, dynamic)), config_key())
+            out_axes, flat = entry.resolved.get_or_build(key, lambda: self._evaluate_out_axes(entry, dynamic))
+        try:
+            if out_axes is _IN_TRACE:
+                return self._resolved_in_trace(entry, dynamic)
+            return unpack(*dispatch(self._vmap(flat, axes, (out_axes, None)), dynamic, split, entry))
+        except Exception as e:
+            explain = lambda error: self._explain_failure(error, split, entry, dynamic, out_axes)  # noqa: E731
+            raise call_error(e, ValueError, explain)
+
+    def _build(self, split: Split) -> Entry:
+        plan = split.plan
+        if plan.any_donated:
+            path = next(p for p, d in zip(dynamic_paths(split.root, plan), plan.donate_mask) if d)
+            raise donation_in_mapped_error(f"{path} is marked filtx.donate, but ")
+        out_axes, share = self._out_axes, self._share
+        split = split._replace(dynamic=None, root=None)  # keep no argument alive
+        source = self.source
+
+        def make_flat(prefix, structured: bool = True) -> Callable:
+            """The flat function whose outputs are packed for the out-axes tree
+            `prefix` (no callables in it), or in the flat form."""
+            axes_of = functools.partial(out_axes.per_leaf, prefix=prefix) if structured else None
+
+            def body(fun, args, kwargs, dynamic):
+                return pack_outputs(fun(*args, **kwargs), share, axes_of, dynamic)
+
+            return flat_function(split, body, self.name, self.transform, source)
+
+        entry = _VmapEntry(None, plan, split.pattern)
+        entry.make_flat = make_flat
+        entry.flat = make_flat(None, structured=not out_axes.needs_evaluation)
+        entry.call = entry.flat
+        entry.axes = plan.unique_placements(split.pattern)
+        entry.resolved = BoundedCache()
+        return entry
+
+    def _vmap(self, fun, axes, out_axes) -> Callable:
+        return jax.vmap(
+            fun, in_axes=tuple(axes), out_axes=out_axes, axis_name=self._axis_name,
+            axis_size=self._axis_size, **self._vmapkwargs,
+        )
+
+    def _unbatched(self, entry, dynamic) -> Any:
+        """Nothing is mapped and no axis size is given: call once, unbatched, as
+        Equinox does; every output must then have out_axes None."""
+        out = unpack(*entry.flat(*dynamic))
+        if any(a is not None for a in self._out_axes.per_leaf(out)):
+            raise no_mapped_input_error(self.transform)
+        return out
+
+    def _evaluate_out_axes(self, entry, dynamic) -> Any:
+        def evaluate(record):
+            def probe(*xs):
+                record(unpack(*entry.flat(*xs)))
+                return ()
+
+            jax.eval_shape(self._vmap(probe, entry.axes, 0), *dynamic)
+
+        try:
+            tree = resolve_by_evaluation(self._out_axes, evaluate)
+        except _CONCRETENESS_ERRORS:
+            return _IN_TRACE, None
+        return tree, entry.make_flat(tree)
+
+    def _resolved_in_trace(self, entry, dynamic) -> Any:
+        """Callable out_axes resolved on the real batched outputs: every array comes
+        back along axis 0 (or unbatched, for None) and is moved afterwards."""
+
+        flat = entry.make_flat(None)  # the user's out_axes, callables included, per leaf
+
+        def split_by_axis(*xs):
+            arrays, carrier = flat(*xs)
+            leaves = carrier.info.treedef.flatten_up_to(arrays)
+            axes = self._out_axes.per_leaf(unpack(arrays, carrier))
+            batched = [x if a is not None else None for x, a in zip(leaves, axes)]
+            unbatched = [x if a is None else None for x, a in zip(leaves, axes)]
+            return batched, unbatched, carrier, type(carrier)(axes)
+
+        batched, unbatched, carrier, axes = self._vmap(split_by_axis, entry.axes, (0, None, None, None))(*dynamic)
+        leaves = []
+        for b, u, a in zip(batched, unbatched, axes.info):
+            if b is None:
+                leaves.append(u)
+            else:
+                leaves.append(b if a == 0 else jnp.moveaxis(b, 0, a))
+        return unpack(carrier.info.treedef.unflatten(leaves), carrier)
+
+    def _explain_failure(self, error, split, entry, dynamic, out_axes) -> ValueError | None:
+        paths = dynamic_paths(split.root, split.plan)
+        if split.pattern is not None:
+            from .._base.indexing import first_positions
+
+            paths = [paths[i] for i in first_positions(split.pattern)]
+        found = in_axes_error(paths, dynamic, entry.axes, self._axis_size, "filter_vmap")
+        if found is not None or not names_out_axes(error) or out_axes is _IN_TRACE:
+            return found
+        return self._unmapped_outputs(entry, dynamic)
+
+    def _unmapped_outputs(self, entry, dynamic) -> ValueError | None:
+        """Which outputs with out_axes None depend on the mapped axis."""
+        shapes = []
+        listed = entry.make_flat(None, False)
+        jax.eval_shape(self._vmap(lambda *xs: shapes.append(listed(*xs)) or (), entry.axes, 0), *dynamic)
+        full = self._out_axes.tree_for(unpack(*shapes[0]))
+        flat = entry.make_flat(full)
+        culprits = first_failing(full, lambda probe: jax.eval_shape(self._vmap(flat, entry.axes, (probe, None)), *dynamic))
+        if not culprits:
+            return None
+        return unmapped_outputs_error(
+            culprits, "it depends on the mapped axis, so it cannot be returned once",
+            "Give it an int out axis (e.g. filtx.if_array(0)).",
+        )
+
+
+@overload
+def filter_vmap(
+    fun: None = None, *, in_axes: Any = if_array(0), out_axes: Any = if_array(0), axis_name: Any = None,
+    axis_size: int | None = None, specs: Any = None, share: bool = False, **vmapkwargs: Any
+) -> Callable[[Callable[P, R]], Mapped[P, Any]]: ...
+
+
+@overload
+def filter_vmap(
+    fun: Callable[P, R], *, in_axes: Any = if_array(0), out_axes: Any = if_array(0), axis_name: Any = None,
+    axis_size: int | None = None, specs: Any = None, share: bool = False, **vmapkwargs: Any
+) -> Mapped[P, Any]: ...
+
+
+def filter_vmap(
+    fun=None, *, in_axes=if_array(0), out_axes=if_array(0), axis_name=None,
+    axis_size=None, specs=None, share=False, **vmapkwargs,
+):
+    """Vectorise a function of whole pytrees: arrays mapped over `in_axes`,
+    everything else held static and never given to `jax.vmap`.
+
+    **Arguments:**
+
+    - `fun`: the function to vectorise. Leave it out to use `filter_vmap(...)` as
+        a decorator with arguments.
+    - `in_axes`: a pytree prefix of the arguments whose leaves are ints (negative
+        allowed), `None` (unmapped), `filtx.static` (held static, closed over; an
+        array may be static here) or callables `leaf -> int | None`. A tuple
+        addresses positional parameters, a dict parameters by name; keyword
+        arguments are supported. Defaults to `filtx.if_array(0)`.
+    - `out_axes`: a pytree prefix of the output, as `in_axes`. Callables other
+        than `filtx.if_array`/`eqx.if_array` are resolved by abstract evaluation
+        once per input signature and cached (inside the real trace, when the
+        function needs concrete values of unmapped inputs). A Python number
+        given an int axis comes back broadcast, as in Equinox.
+    - `axis_name`, `axis_size`: as in `jax.vmap`; collectives over `axis_name`
+        work inside. With nothing mapped and no `axis_size`, the function is
+        called once, unbatched, and every output must have out axis `None`.
+    - `specs`: `filtx.static` / `filtx.traced` per leaf, with `filter_jit`'s rules.
+        `filtx.donate` is an error: donation happens at a compiled boundary.
+    - `share`: pass a leaf standing at several positions (with the same axis) once.
+    - `**vmapkwargs`: passed to `jax.vmap` (e.g. `spmd_axis_name`).
+
+    **Returns:**
+
+    The vectorised function. Non-array outputs come back as the objects the
+    function returned.
+
+    !!! example
+
+        ```python
+        import jax
+        import jax.numpy as jnp
+        import filtx
+
+        def affine(x, *, w, activation):
+            return activation(x @ w)
+
+        batched = filtx.filter_vmap(affine, in_axes={"w": None})
+        out = batched(jnp.ones((5, 3)), w=jnp.ones((3, 2)), activation=jax.nn.relu)
+        assert out.shape == (5, 2)
+        ```
+    """
+    if "donate" in vmapkwargs:
+        raise donation_in_mapped_error("")
+    check_options("filter_vmap", _OWN, jax.vmap, vmapkwargs, ("in_axes", "out_axes"))
+    if fun is None:
+        return functools.partial(
+            filter_vmap, in_axes=in_axes, out_axes=out_axes, axis_name=axis_name,
+            axis_size=axis_size, specs=specs, share=share, **vmapkwargs,
+        )
+    if not callable(fun):
+        raise TypeError(f"filter_vmap needs a callable, got {type(fun).__name__}.")
+    options = dict(in_axes=in_axes, out_axes=out_axes, axis_name=axis_name, axis_size=axis_size, specs=specs, share=share, **vmapkwargs)
+    wrapper = _VmapWrapper(fun, in_axes, out_axes, axis_name, axis_size, specs, bool(share), vmapkwargs)
+    return made_by(wrapper, filter_vmap, options)

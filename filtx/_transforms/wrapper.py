@@ -1,0 +1,319 @@
+"""What every transform wrapper shares: the decorator forms, option validation,
+naming, binding as a method, equality and hashing, copying, the wrapper as a
+pytree (so a wrapped Module's arrays are traced by an enclosing transform), and
+dispatch to a compiled entry.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import inspect
+import types
+from typing import Any, Callable
+
+import jax
+
+from .._base.jax_compat import aliased_ref_refused, deleted_array_refused, refused_aliasing
+from .._core.boundary import Split, unique_paths
+from .._core.entry import Entry
+from .._core.caches import code_owner, is_table_attribute, shared_by_code
+from .._core.errors import aliased_ref_error, deleted_array_error, owned_option_error, rename_dynamic, unknown_option_error
+from .._core.eqx_errors import equinox_runtime_error, without_filtx_frames
+from .pickling import reduce_wrapper
+from .._core.roles import is_ref
+from .sharding import misplaced_error
+from .._core.signature import signature_key
+
+__all__ = [
+    "Wrapper", "Bound", "freeze", "check_options", "as_pytree", "fun_donates", "dispatch", "recover", "call_error", "made_by",
+]
+
+
+def as_pytree(fun: Callable) -> Any:
+    """The function as a pytree whose leaves are what it closes over by value:
+    a `functools.partial`'s arguments and a bound method's `self` become leaves,
+    so their arrays are traced (or donated) rather than baked in as constants."""
+    if type(fun) is functools.partial:
+        return jax.tree_util.Partial(fun.func, *fun.args, **fun.keywords)
+    if isinstance(fun, types.MethodType):
+        return jax.tree_util.Partial(fun.__func__, fun.__self__)
+    return fun
+
+
+def fun_donates(fun: Callable) -> bool:
+    """Whether the function's own arrays follow a donating mode. A
+    `functools.partial`'s arguments are fixed when it is wrapped, so donating
+    them would break the second call: they are traced and kept, as Equinox
+    keeps them."""
+    return type(fun) is not functools.partial
+
+
+def freeze(tree: Any) -> Any:
+    """A hashable form of an option pytree (specs, axes, kwargs), or a fresh
+    object when it has unhashable leaves (so it is shared with nothing)."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=lambda x: x is None)
+    key = (treedef, tuple((type(x), x) for x in leaves))
+    try:
+        hash(key)
+    except TypeError:
+        return object()
+    return key
+
+
+def check_options(transform: str, own: list[str], passthrough: Callable, extra: dict, owned: tuple = ()) -> None:
+    """Refuse, when wrapping, keywords that neither filtx nor `passthrough` take,
+    and those of `passthrough`'s that filtx owns."""
+    taken = [k for k in owned if k in extra]
+    if taken:
+        raise owned_option_error(transform, taken)
+    accepted = set(inspect.signature(passthrough).parameters)
+    for name in extra:
+        if name not in accepted:
+            raise unknown_option_error(transform, name, own, f"jax.{passthrough.__name__}")
+
+
+def made_by(wrapper: "Wrapper", factory: Callable, options: dict) -> "Wrapper":
+    """Remember the public call that made `wrapper` (`filter_jit(fun, **options)`),
+    so that it can be made again with some options changed (`Wrapper.replace`)."""
+    wrapper._made_by = (factory, options)
+    return wrapper
+
+
+def _name(fun: Any) -> str:
+    return getattr(fun, "__qualname__", None) or type(fun).__qualname__
+
+
+class Wrapper:
+    """The base of every transform's wrapper. Subclasses set `transform` and
+    implement `__call__`; `options` is everything besides the function that
+    decides how a call is handled, hashable where the user's options are."""
+
+    transform = "transform"
+
+    def __init__(self, fun: Callable, options: tuple):
+        self._fun = as_pytree(fun)
+        self._given = fun
+        self._given_type = type(fun)  # what a pickled wrapper gives its factory back (see _pickling)
+        self._options = options
+        for attribute in ("__module__", "__name__", "__qualname__", "__doc__", "__annotations__", "__type_params__"):
+            try:
+                value = getattr(fun, attribute)
+            except AttributeError:
+                continue
+            object.__setattr__(self, attribute, value)
+        for key, value in getattr(fun, "__dict__", {}).items():
+            if not is_table_attribute(key) and not key.startswith("_filtx"):
+                self.__dict__.setdefault(key, value)
+
+    def _shared(self, make: Callable[[], Any]) -> Any:
+        """The compile state for this wrapper: shared with every wrapper whose
+        function has the same code, signature, own structure, and options."""
+        fun = self._given
+        key = (
+            self.transform,
+            self._options,
+            signature_key(fun),
+            fun_donates(fun),
+            type(fun) if not isinstance(fun, (types.FunctionType, types.MethodType, functools.partial)) else None,
+        )
+        return shared_by_code(fun, key, make)
+
+    @property
+    def __wrapped__(self) -> Callable:
+        return self._given
+
+    @property
+    def name(self) -> str:
+        return _name(self._given)
+
+    @property
+    def source(self) -> Callable | None:
+        """The Python function whose code runs (for JAX's error locations); never
+        an object that holds arrays, so caches keep nothing alive."""
+        owner = code_owner(self._given)
+        if isinstance(owner, type):
+            owner = getattr(owner, "__call__", None)
+        return owner if isinstance(owner, types.FunctionType) else None
+
+    def replace(self, **changes: Any) -> "Wrapper":
+        """The same wrapper made again by its public factory with `changes` to its
+        options (`wrapper.replace(donate="none")`); a fresh wrapper, compiling on
+        its own only where its options differ."""
+        factory, options = self._made_by
+        return factory(self._given, **{**options, **changes})
+
+    @property
+    def options(self) -> dict:
+        """The keyword options this wrapper was made with."""
+        return dict(self._made_by[1])
+
+    # -- the wrapper as a pytree ---------------------------------------------------
+
+    def _with_fun(self, fun: Any) -> "Wrapper":
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        new._fun = fun
+        new._given = fun if fun is not self._fun else self._given
+        return new
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        jax.tree_util.register_pytree_node(cls, _flatten, _unflatten)
+
+    # -- binding, equality, copying --------------------------------------------------
+
+    def __get__(self, instance, owner=None):
+        if instance is None:
+            return self
+        return Bound(self, instance)
+
+    def __eq__(self, other):
+        if type(other) is not type(self) or other._options != self._options:
+            return False
+        if other._fun is self._fun:
+            return True
+        try:
+            return bool(other._fun == self._fun)
+        except Exception:
+            return False
+
+    def __hash__(self):
+        try:
+            return hash((type(self), self._options, self._fun))
+        except TypeError:
+            return hash((type(self), self._options))
+
+    def __copy__(self):
+        return self._with_fun(self._fun)
+
+    def __deepcopy__(self, memo):
+        fun = copy.deepcopy(self._fun, memo)
+        return self._with_fun(fun)
+
+    def __reduce__(self):
+        # Pickled as the public call that made it; compile state stays here.
+        return reduce_wrapper(self)
+
+    def __repr__(self):
+        return f"<filtx.{self.transform} of {self._given!r}>"
+
+
+class Bound(jax.tree_util.Partial):
+    """A wrapper bound as a method (`model.step`): called, or asked for its
+    ahead-of-time stages (`.lower`, `.trace`, `.eval_shape`, `.clear_cache`),
+    with the instance first. A pytree as `jax.tree_util.Partial` is: the
+    instance is its leaf."""
+
+    def lower(self, /, *args, **kwargs):
+        return self.func.lower(*self.args, *args, **{**self.keywords, **kwargs})
+
+    def trace(self, /, *args, **kwargs):
+        return self.func.trace(*self.args, *args, **{**self.keywords, **kwargs})
+
+    def eval_shape(self, /, *args, **kwargs):
+        return self.func.eval_shape(*self.args, *args, **{**self.keywords, **kwargs})
+
+    def clear_cache(self) -> None:
+        self.func.clear_cache()
+
+
+jax.tree_util.register_pytree_node(
+    Bound, lambda bound: ((bound.args, bound.keywords), bound.func), lambda func, xs: Bound(func, *xs[0], **xs[1])
+)
+
+
+class _Aux:
+    """A wrapper without its function: the aux data of the wrapper as a pytree."""
+
+    __slots__ = ("wrapper",)
+
+    def __init__(self, wrapper: Wrapper):
+        self.wrapper = wrapper
+
+    def __eq__(self, other):
+        return (
+            type(other) is _Aux
+            and type(other.wrapper) is type(self.wrapper)
+            and other.wrapper._options == self.wrapper._options
+        )
+
+    def __hash__(self):
+        return hash((type(self.wrapper), self.wrapper._options))
+
+
+def _flatten(wrapper: Wrapper):
+    return (wrapper._fun,), _Aux(wrapper)
+
+
+def _unflatten(aux: _Aux, children) -> Wrapper:
+    return aux.wrapper._with_fun(children[0])
+
+
+# ---------------------------------------------------------------------------
+# Dispatch
+
+
+def dispatch(call: Callable, dynamic: list, split: Split, entry: Entry, recheck: Callable | None = None) -> Any:
+    """`call(*dynamic)`, a compiled entry called; on failure, see `recover`. (A
+    hot path writes the call out itself: `try: out = entry.call(*dynamic)`, and
+    `except Exception as e: out = recover(e, ...)`.)"""
+    try:
+        return call(*dynamic)
+    except Exception as e:
+        return recover(e, dynamic, split, entry, recheck)
+
+
+def recover(e: Exception, dynamic: list, split: Split, entry: Entry, recheck: Callable | None = None) -> Any:
+    """What a failed call of a compiled entry raises, naming the user's paths where
+    JAX names filtx's flat arguments, and arrays used after donation; or, for a
+    call JAX refused for aliasing, its output once split again.
+
+    A deleted array is named by path where JAX refuses it (JAX 0.7 to 0.12
+    refuse one cleanly; a donating call over several devices refused its
+    deleted arrays before: see `Boundary._donation_split`). A call whose donated
+    buffers were left for JAX to check (`split.checked` false: one device) and
+    that JAX refused for aliasing (before running anything) is split again by
+    buffer, through `recheck(fun, args, kwargs) -> (entry, dynamic, split)`, and
+    called again. Called in the `except` clause of the failed call."""
+    converted = equinox_runtime_error(e)
+    if converted is not None:
+        raise converted from None
+    if recheck is not None and not split.checked and refused_aliasing(e):
+        if len(set(map(id, dynamic))) == len(dynamic):  # distinct arrays over one buffer: check this plan's calls
+            split.plan.aliased = True  # (one object twice, a layout let through: the full path finds it by id)
+        entry, dynamic, split = recheck(*split.root)
+        return dispatch(entry.call, dynamic, split, entry)
+    if deleted_array_refused(e):
+        converted = deleted_array_error(split.root)
+        if converted is not None:
+            raise converted from e
+    paths = unique_paths(split.root, split.plan, split.pattern)
+    if aliased_ref_refused(e):
+        converted = aliased_ref_error([(p, x) for p, x in zip(paths, dynamic) if is_ref(x)])
+        if converted is not None:
+            raise converted from None
+    if entry.placements is not None:
+        converted = misplaced_error(paths, dynamic, entry.placements, None, "in_shardings")
+        if converted is not None:
+            raise converted from None
+    rename_dynamic(e, paths)
+    raise e
+
+
+def call_error(
+    error: Exception, kinds: Any = (), explain: Callable[[Exception], Exception | None] | None = None,
+) -> Exception:
+    """What a transform's call raises for `error`, raised by its dispatch: where
+    `error` is one of `kinds`, `explain(error)`'s clearer error (caused by `error`)
+    if it gives one; else `error` itself, an Equinox error filtx made without
+    filtx's frames. The caller raises it (`raise call_error(e, ...)`), so that
+    the traceback starts at the user's line."""
+    if explain is not None and isinstance(error, kinds):
+        better = explain(error)
+        if better is not None:
+            better.__cause__ = error
+            better.__suppress_context__ = True
+            return better
+    without_filtx_frames(error)
+    return error
