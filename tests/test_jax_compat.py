@@ -170,7 +170,7 @@ def test_user_out_specs_says_out_specs_where_jax_says_out_specs_0():
         f(jnp.ones(n))
     assert "out_specs[0]" in str(info.value)
     user_out_specs(info.value)
-    assert "out_specs[0]" not in str(info.value) and "out_specs is P()" in str(info.value)
+    assert "out_specs[0]" not in str(info.value) and "out_specs" in str(info.value)
 
 
 def test_the_unusable_donation_pattern_matches_jaxs_warning_and_not_filtxs():
