@@ -97,7 +97,7 @@ class Boundary:
         callable Module's arrays, a partial's arguments), flattened with the call.
         `check_buffers` checks donated buffers for aliasing even where JAX would;
         `reuse` takes recorded objects' leaves from their records, and records the
-        immutable objects passed (see `_reuse`)."""
+        immutable objects passed (see `_fastpath.reuse`)."""
         if kwargs and self.resolver.specs.needs_binding(kwargs):
             args, kwargs = self.resolver.specs.bind(args, kwargs)
         reused = reuse and self.records and slotted(self.records, args)
@@ -220,8 +220,8 @@ class Boundary:
 
     def finish(self, out: Any, reuse: bool, split: Split, form: Any = None) -> Any:
         """The call's outputs built from `out = (arrays, carrier)` (or the arrays
-        alone, a list, where `form` holds their info: see `_outputs.OutputForm`);
-        with `reuse`, their immutable objects recorded (see `_reuse`): as fresh
+        alone, a list, where `form` holds their info: see `_core.outputs.OutputForm`);
+        with `reuse`, their immutable objects recorded (see `_fastpath.reuse`): as fresh
         where the call donated buffers filtx checked for aliasing (the next call's
         check needs it)."""
         arrays, info = parts(out, form)
@@ -237,7 +237,7 @@ class Boundary:
         On one device nothing is read per leaf: JAX's runtime refuses a donated
         buffer that stands twice before running, and `recover` splits the call
         again. An array or recorded object passed twice the layout refuses itself
-        (see `_layout._take_function`), since XLA also logs an error line for it;
+        (see `_fastpath.layout._take_function`), since XLA also logs an error line for it;
         rarer forms (an array passed beside the model that holds it) are left to
         JAX's refusal, and print that line, as `jax.jit` does. Sharded buffers
         are checked here, the leaves of recorded outputs fed back known apart by
@@ -282,7 +282,7 @@ def flat_function(
     the split's plan, static leaves and pattern, never its arguments.
 
     `donation=(mode, donated)` (one flag per unique value) checks, once per
-    trace, which donated buffers an output can reuse (see `_donation`); with
+    trace, which donated buffers an output can reuse (see `_core.donation`); with
     `form` (an `OutputForm`), the output is as `form.pack` returns it."""
     plan, statics, pattern = split.plan, split.statics, split.pattern
     del split

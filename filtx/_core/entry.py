@@ -3,7 +3,7 @@ pattern) of a plan, holding its compiled call and its ahead-of-time stages.
 
 A call of an entry that donates nothing is the compiled call itself. A donating
 entry's calls keep JAX's unusable-donation warning hidden where filtx's trace
-warned by path (see `_donation.check_donations`), and show it again when the
+warned by path (see `_core.donation.check_donations`), and show it again when the
 call ends; that guard is the only work they add.
 """
 

@@ -105,7 +105,7 @@ class OutputInfo:
         """`build`, and record its reusable objects in `records` (see _reuse);
         `inputs` (the call's donated-call inputs, or None): the records of objects
         holding none of them are fresh (no other array holds their buffers), and
-        hold `beside` (see `_buffers.fed_back_keys`)."""
+        hold `beside` (see `_fastpath.buffers.fed_back_keys`)."""
         leaves = self.leaves(arrays)
         out = self.unflatten(leaves)
         if self.slot_types is None:  # first build: keep the slots whose object holds those leaves

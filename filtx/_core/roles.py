@@ -1,7 +1,7 @@
 """Roles, the array predicates, the donation modes, and the rule for one leaf.
 
 Every leaf that crosses a boundary is `static`, `traced` or `donate`. This module
-says what each spec value means for one leaf; `_resolve` applies it to a call.
+says what each spec value means for one leaf; `_core.resolve` applies it to a call.
 """
 
 from __future__ import annotations

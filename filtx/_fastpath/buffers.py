@@ -1,6 +1,6 @@
 """Which device buffers values stand on, for donation: distinct `jax.Array`
 objects over one buffer get equal keys (`buffer_keys`), so a buffer donated at
-several positions is passed and donated once (see `_share.donation_pattern`);
+several positions is passed and donated once (see `_core.share.donation_pattern`);
 whether a call's donated buffers stand on one device each, where JAX's runtime
 refuses aliased donations itself; deleted arrays; JAX's refusal of an aliased
 donation.
@@ -94,7 +94,7 @@ def buffer_keys(values: list) -> list | None:
 
 def fed_back_keys(values: list, fresh: set, beside: tuple | None) -> tuple[list | None, tuple | None]:
     """`(buffer_keys(values), beside for the records of this call)`, where the
-    values of ids in `fresh` are outputs of a call fed back (`_reuse.fresh_leaves`).
+    values of ids in `fresh` are outputs of a call fed back (`_fastpath.reuse.fresh_leaves`).
 
     No other array held their buffers when they were returned, so only an array
     made since from their shards can share one: they are keyed by id. The other

@@ -2,7 +2,7 @@
 
 Most loops call a compiled function with arguments laid out the same way every
 time: the same model object (an evaluation or inference loop, a GRU cell fed
-its own state), the objects the last call returned (recorded, see `_reuse`),
+its own state), the objects the last call returned (recorded, see `_fastpath.reuse`),
 fresh arrays of the same types, the same static values. After two calls in a
 row split into the same plan, the boundary keeps a `Layout`: for every
 argument, the check that it is laid out as before, and where its dynamic

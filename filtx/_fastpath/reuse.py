@@ -85,7 +85,7 @@ class Record(weakref.ref):
 
     # `fresh`: its leaves are the outputs of one call, whose buffers no other array
     # held when they were returned; `beside`: that call's other values, made
-    # before them, with their buffer keys (see `_buffers.fed_back_keys`).
+    # before them, with their buffer keys (see `_fastpath.buffers.fed_back_keys`).
     __slots__ = ("key", "treedef", "leaves", "types", "fresh", "beside")
 
 
@@ -274,7 +274,7 @@ def spliced_leaves(checked: dict, root: tuple, slotted_args: tuple, records: lis
 def fresh_leaves(records: list | None) -> tuple[set | None, tuple | None]:
     """`(ids, beside)`: the ids of the leaves of `records` (those a call's leaves
     were taken from) that are outputs of one call, owned by no other array when
-    returned; and the `beside` those records share (see `_buffers.fed_back_keys`),
+    returned; and the `beside` those records share (see `_fastpath.buffers.fed_back_keys`),
     or None where they differ."""
     fresh = [r for r in records or () if r.fresh]
     if not fresh:

@@ -1,5 +1,5 @@
 """The body of the `donation_benchmark` fixture (`pytest_plugin`): a thin layer
-over pytest-benchmark's fixture and one `_compare_runs.Run`."""
+over pytest-benchmark's fixture and one `_tools.compare_runs.Run`."""
 
 from __future__ import annotations
 

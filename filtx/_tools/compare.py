@@ -1,7 +1,7 @@
 """`filtx.compare_donation`: a user's own step measured under several donation
 modes: time per warm call (round-robin), the first call, the memory the
 compiled step needs, bytes donated and reused, unusable donations by path, and
-whether the results agree. The rows are `_compare_runs.Run`s; the figures come
+whether the results agree. The rows are `_tools.compare_runs.Run`s; the figures come
 from `memory`; the result is a `comparison.DonationComparison`."""
 
 from __future__ import annotations
@@ -227,7 +227,7 @@ def _guarded(run: Run, work: Callable) -> Any:
 
 
 def _figures(run: Run) -> dict:
-    """The row's memory figures from its compiled step (`_memory.memory_figures`)
+    """The row's memory figures from its compiled step (`_tools.memory.memory_figures`)
     and its unusable paths, made once, on a call's worth of live inputs."""
     if run.figures is None:
         try:

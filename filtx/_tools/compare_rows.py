@@ -2,7 +2,7 @@
 group of donation modes that donate the same leaves (a filtx wrapper made
 again with `donate=` replaced, with compile state of its own), and Equinox's
 baselines (`eqx.filter_jit` on a new function object, with the Equinox the user
-imported). The rows' mechanics are `_compare_runs.Run`'s."""
+imported). The rows' mechanics are `_tools.compare_runs.Run`'s."""
 
 from __future__ import annotations
 

@@ -97,7 +97,7 @@ class Run:
         self.first: float | None = None
         self.device_peak: int | None = None  # `own_peak`'s figure
         self.device_peak_why: str | None = None
-        self.figures: dict | None = None  # the compiled step's memory figures, made once (`_compare._figures`)
+        self.figures: dict | None = None  # the compiled step's memory figures, made once (`_tools.compare._figures`)
         self.out = None
         self.renew_fun = self.renew_kwargs = None  # masks of the leaves a call deletes (donates)
         self.renew_held: list = []

@@ -142,7 +142,7 @@ def _beside_refs(entry: Entry, jitted: Callable, make: Callable, donate_argnums:
 
 def _placed_outputs(out: Any, out_shardings: OutAxes, mesh: Any) -> Any:
     """The output with every array placed as `out_shardings` says, on any kind of
-    mesh (see `_sharding.place`); callables answer on the traced output, once per
+    mesh (see `_transforms.sharding.place`); callables answer on the traced output, once per
     signature."""
     leaves, treedef = jax.tree_util.tree_flatten(out)
     values = out_shardings.per_leaf(out)

@@ -169,7 +169,7 @@ def _stand_in(x: Any, shapes: dict) -> Any:
 class Traced:
     """A traced call (`.trace(...)`): `.jaxpr`, `.fun_name`, `.lower()`, and JAX's
     own traced object as `.traced`. Lowered for `jax.export`, it gives what
-    `jax.export` reads, over whole pytrees (see `_export`)."""
+    `jax.export` reads, over whole pytrees (see `_transforms.export`)."""
 
     def __init__(self, traced, wrapper, entry, split=None):
         self.traced = traced

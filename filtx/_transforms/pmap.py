@@ -4,7 +4,7 @@ The per-device function is traced once per per-device signature to a closed
 jaxpr with the axis name bound (`jax.make_jaxpr(..., axis_env=...)`), under the
 view a shard_map body has of its mesh; callable out_axes are resolved on that
 trace's output. The jaxpr then runs per device in `jax.jit(jax.shard_map(...))`
-over a one-axis mesh of the devices (see `_per_shard`), its mapped axis
+over a one-axis mesh of the devices (see `_transforms.per_shard`), its mapped axis
 squeezed on the way in and restored on the way out, as `jax.pmap` does since
 JAX 0.8; `jax.pmap` itself is not used. A new placement of the inputs, or a new
 context, makes JAX trace the jaxpr's evaluation again, never the user's function.

@@ -2,7 +2,7 @@
 PartitionSpecs from prefix trees (by position, by name, or callables); every
 other leaf is held static and never given to `shard_map`; outputs may be whole
 models; callable out specs are resolved on the traced per-shard output once per
-signature. Calls run as `jax.jit(jax.shard_map(...))` (see `_per_shard`): at the
+signature. Calls run as `jax.jit(jax.shard_map(...))` (see `_transforms.per_shard`): at the
 top level, uncommitted inputs are placed as `in_specs` say; a committed one
 placed otherwise is moved on Auto axes (as `jax.shard_map` moves it) and is an
 error naming its path where its placement or its spec names an Explicit axis."""
