@@ -330,3 +330,46 @@ def test_the_layer_test_sees_a_violation():
     assert _layer("filtx._core.plan") < _layer("filtx._transforms.jit") < _layer("filtx._tools.compare") < _layer("filtx")
     boundary = PACKAGE / "_core" / "boundary.py"
     assert "filtx._fastpath.buffers" in _imported("filtx._core.boundary", boundary)  # `from .._fastpath import buffers`
+
+
+WRAPPER_PRIVATE = {"_boundary", "_fun", "_given", "_given_type", "_made_by", "_with_fun", "_build", "_options", "_shared", "_recheck"}
+
+
+def test_the_tools_read_no_private_attribute_of_a_wrapper():
+    """The tools use wrappers through their public surface (`options`,
+    `replace`, `__wrapped__`, `lower`, a wrapper as a pytree) and one look inside,
+    `_transforms.wrapper.inspect_call`; never a wrapper's private attributes."""
+    wrong = []
+    for name, path in _modules().items():
+        if not name.startswith("filtx._tools."):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in WRAPPER_PRIVATE:
+                wrong.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: .{node.attr}")
+    assert not wrong, wrong
+
+
+def test_a_comparison_row_gives_one_wrapper_per_copy_of_the_function():
+    """A row called again with the same copy of the function's pytree gives the
+    same wrapper object, as a loop calls one wrapper (filtx's memo of objects
+    seen before keys on them); a new copy gives a wrapper of its own that
+    shares the row's compile state."""
+    import jax.numpy as jnp
+
+    from filtx._tools.compare_rows import make_runs
+    from filtx._tools.memory import fresh_tree
+
+    traces = []
+
+    def multiply(w, x):
+        traces.append(1)
+        return w * x
+
+    scale = jax.tree_util.Partial(multiply, jnp.ones(3))
+    (run,) = make_runs(filtx.filter_jit(scale), (jnp.ones(3),), {}, ["none"], None)
+    copy = fresh_tree(run.originals[0])
+    first = run.bind(copy)
+    assert run.bind(copy) is first and first(jnp.full(3, 2.0)).tolist() == [2.0] * 3
+    other = run.bind(fresh_tree(run.originals[0]))
+    assert other is not first and other(jnp.full(3, 3.0)).tolist() == [3.0] * 3
+    assert len(traces) == 1  # one compile state for the row

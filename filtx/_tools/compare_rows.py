@@ -17,21 +17,11 @@ from .._core.caches import unshared
 from .compare_runs import Feeding, Run
 from .donation_report import donation_report
 from .._core.errors import call_leaf_paths
-from .memory import fresh_tree, is_deleted
+from .memory import is_deleted
 from .._core.roles import is_array, parse_mode
-from .._transforms.wrapper import Bound, Wrapper, as_pytree
+from .._transforms.wrapper import Bound, Wrapper, as_pytree, inspect_call
 
 __all__ = ["make_runs"]
-
-
-def _copy_callable(fun: Any) -> Any:
-    """The callable with fresh copies of the arrays it holds (a Module's, a
-    partial's arguments, a bound method's instance), of the same kind."""
-    if type(fun) is functools.partial:
-        return functools.partial(fun.func, *fresh_tree(fun.args), **fresh_tree(fun.keywords))
-    if isinstance(fun, types.MethodType):
-        return types.MethodType(fun.__func__, fresh_tree(fun.__self__))
-    return fresh_tree(fun)
 
 
 def _fresh_function(fun: Callable) -> Callable:
@@ -48,16 +38,24 @@ def _apply(fun, *args, **kwargs):
 
 
 def make_runs(step: Any, args: tuple, kwargs: dict, modes: Any, feed: Callable | None, baselines=()) -> list[Run]:
-    """The rows of a comparison, modes that donate the same leaves merged."""
+    """The rows of a comparison, modes that donate the same leaves merged.
+
+    A row's step is the user's wrapper made again with `donate=` replaced
+    (`Wrapper.replace`, with compile state of its own) or, for a plain function
+    or a wrapper without `donate=`, `filter_jit` around it; the modes are
+    grouped by what each donates (`inspect_call`, the tools' one look inside a
+    wrapper)."""
     if isinstance(step, Bound):
         args, kwargs, step = tuple(step.args) + tuple(args), {**step.keywords, **kwargs}, step.func
     from .._transforms.jit import filter_jit
 
-    if isinstance(step, Wrapper) and hasattr(step, "_made_by") and "donate" in step.options:
-        factory, options, given = step._made_by[0], step.options, step._given
+    options = getattr(step, "options", {}) if isinstance(step, Wrapper) else {}
+    if "donate" in options:  # a filter_jit or filter_pmap wrapper
+        own, given, from_jit = options["donate"], step.__wrapped__, step.transform == "filter_jit"
+        make = lambda mode: step.replace(donate=mode)  # noqa: E731
     else:  # a plain function, a filter_shard_map or filter_vmap wrapper: donation at a filter_jit around it
-        factory, options, given = filter_jit, {"donate": "none"}, step
-    own = options["donate"]
+        own, given, from_jit = "none", step, True
+        make = lambda mode: filter_jit(step, donate=mode)  # noqa: E731
     wanted = [own, "none", "arrays"] if modes is None else [modes] if isinstance(modes, str) else list(modes)
     for mode in wanted:
         parse_mode(mode)
@@ -67,17 +65,15 @@ def make_runs(step: Any, args: tuple, kwargs: dict, modes: Any, feed: Callable |
     groups: dict = {}
     for mode in dict.fromkeys(wanted):
         with unshared():
-            probe = factory(given, **{**options, "donate": mode})
-        plan = probe._boundary.split(probe._fun, args, kwargs).plan
+            plan = inspect_call(make(mode), args, kwargs, entry=False).split.plan
         groups.setdefault((tuple(plan.donate_mask), parse_mode(mode).strict), []).append(mode)
     runs = []
     for names in groups.values():
-        make = functools.partial(factory, **{**options, "donate": names[0]})
-        runs.append(Run(" / ".join(names), tuple(names), _Filtx(make, given), None, originals, feeding, _lower_filtx, _unusable))
+        runs.append(Run(" / ".join(names), tuple(names), _Filtx(make, names[0]), None, originals, feeding, _lower_filtx, _unusable))
     for baseline in baselines:
         if baseline != "equinox":
             raise ValueError(f"compare_donation: baselines takes 'equinox', got {baseline!r}.")
-        runs.extend(_equinox_runs(given, factory is filter_jit, originals, feeding))
+        runs.extend(_equinox_runs(given, from_jit, originals, feeding))
     return runs
 
 
@@ -111,34 +107,44 @@ def _equinox_runs(given: Any, from_jit: bool, originals: tuple, feeding: Feeding
 class _Filtx:
     """A row's filtx wrapper, made on first use with compile state of its own
     (`reset` forgets it: the next use is cold again); called with the row's copy
-    of the function's own pytree, it gives the wrapper holding that copy."""
+    of the function's own pytree, it gives the wrapper holding that copy (a
+    wrapper is a pytree of what its function holds: the copy's leaves go in
+    its place). The wrapper as made holds the user's callable, and is never
+    called as it is."""
 
-    def __init__(self, make: Callable, given: Any):
-        self.make, self.given, self.wrapper = make, given, None
+    def __init__(self, make: Callable, mode: str):
+        self.make, self.mode = make, mode
+        self.reset()
+
+    def reset(self) -> None:
+        self.treedef = self.last = None
+
+    def __call__(self, fun_tree: Any) -> Any:
+        if self.treedef is None:
+            with unshared():
+                self.treedef = jax.tree_util.tree_structure(self.make(self.mode))
+        if self.last is not None and self.last[0] is fun_tree:  # the same wrapper for the same copy, as in a loop
+            return self.last[1]
+        wrapper = jax.tree_util.tree_unflatten(self.treedef, jax.tree_util.tree_leaves(fun_tree))
+        self.last = (fun_tree, wrapper)
+        return wrapper
+
+
+class _Equinox:
+    """An Equinox baseline's `eqx.filter_jit`, on a new function object (so its
+    caches miss); a function holding arrays is passed as the first argument.
+    `reset` forgets it: the next use is cold again."""
+
+    def __init__(self, eqx: Any, given: Any, holds: bool, donate: str):
+        self.eqx, self.given, self.holds, self.donate = eqx, given, holds, donate
+        self.wrapper = None
 
     def reset(self) -> None:
         self.wrapper = None
 
     def __call__(self, fun_tree: Any) -> Any:
         if self.wrapper is None:
-            with unshared():
-                self.wrapper = self.make(_copy_callable(self.given))
-        wrapper = self.wrapper
-        return wrapper if fun_tree is wrapper._fun else wrapper._with_fun(fun_tree)
-
-
-class _Equinox(_Filtx):
-    """An Equinox baseline's `eqx.filter_jit`, on a new function object (so its
-    caches miss); a function holding arrays is passed as the first argument."""
-
-    def __init__(self, eqx: Any, given: Any, holds: bool, donate: str):
-        make = lambda _: eqx.filter_jit(_fresh_function(_apply if holds else given), donate=donate)  # noqa: E731
-        super().__init__(make, given)
-        self.holds = holds
-
-    def __call__(self, fun_tree: Any) -> Any:
-        if self.wrapper is None:
-            self.wrapper = self.make(None)
+            self.wrapper = self.eqx.filter_jit(_fresh_function(_apply if self.holds else self.given), donate=self.donate)
         return functools.partial(self.wrapper, fun_tree) if self.holds else self.wrapper
 
 

@@ -14,6 +14,7 @@ from .._base.indexing import first_positions
 from .._core.outputs import parts
 from .._core.roles import donate, static
 from .._core.share import unique_donation
+from .._transforms.wrapper import inspect_call
 
 __all__ = ["donation_report", "DonationReport", "DonationRow"]
 
@@ -127,13 +128,7 @@ def donation_report(wrapped: Any, /, *args, **kwargs) -> DonationReport:
         args = tuple(wrapped.args) + args
         kwargs = {**wrapped.keywords, **kwargs}
         wrapped = wrapped.func
-    boundary = getattr(wrapped, "_boundary", None)
-    if boundary is None or not hasattr(wrapped, "lower"):
-        raise TypeError(
-            f"filtx.donation_report takes a function made by filtx.filter_jit or "
-            f"filtx.filter_pmap, got {type(wrapped).__name__}."
-        )
-    entry, dynamic, split = boundary.prepare(wrapped._fun, args, kwargs, wrapped._build, check_buffers=True)
+    split, entry, dynamic = inspect_call(wrapped, args, kwargs)
     plan, pattern, root = split.plan, split.pattern, split.root
     depth = hidden_depth()
     try:

@@ -10,7 +10,7 @@ import copy
 import functools
 import inspect
 import types
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 
@@ -197,6 +197,36 @@ class Wrapper:
 
     def __repr__(self):
         return f"<filtx.{self.transform} of {self._given!r}>"
+
+
+class CallInspection(NamedTuple):
+    """What `inspect_call` sees of one call: `split`, the call split by its plan
+    (`split.plan`, `split.pattern`, `split.root`); and, where asked for,
+    `entry`, what it would dispatch to, and `dynamic`, the flat values it would
+    pass."""
+
+    split: Any
+    entry: Any = None
+    dynamic: Any = None
+
+
+def inspect_call(wrapped: Any, args: tuple, kwargs: dict, *, entry: bool = True) -> CallInspection:
+    """The one look inside a wrapper that the tools take (`donation_report`,
+    `compare_donation`): how a call with these arguments is split by its plan
+    and, with `entry`, what it would dispatch to, without running it (buffers
+    checked for aliasing as a donating call checks them).
+
+    `wrapped` is a `filter_jit` or `filter_pmap` wrapper, not bound (a bound
+    method's instance goes first in `args`); anything else is a `TypeError`."""
+    if not isinstance(wrapped, Wrapper) or getattr(wrapped, "_boundary", None) is None or not hasattr(wrapped, "lower"):
+        raise TypeError(
+            f"filtx.donation_report takes a function made by filtx.filter_jit or "
+            f"filtx.filter_pmap, got {type(wrapped).__name__}."
+        )
+    if not entry:
+        return CallInspection(wrapped._boundary.split(wrapped._fun, args, kwargs))
+    made, dynamic, split = wrapped._boundary.prepare(wrapped._fun, args, kwargs, wrapped._build, check_buffers=True)
+    return CallInspection(split, made, dynamic)
 
 
 class Bound(jax.tree_util.Partial):
