@@ -314,3 +314,21 @@ def test_a_fresh_record_shares_no_buffer_with_the_calls_inputs(monkeypatch, comm
     for obj in (p, k):
         if id(obj) in records and records[id(obj)].fresh:
             assert not pointers(obj) & inputs and not any(x is y for x in jax.tree.leaves(obj) for y in jax.tree.leaves(keep))
+
+
+def test_one_donate_mode_type_for_every_transform():
+    """`DonateMode` lists exactly the modes `parse_mode` accepts, and both
+    donating transforms take it in their signatures."""
+    import inspect
+    import typing
+
+    from filtx._core.roles import MODES, DonateMode
+
+    assert typing.get_args(DonateMode) == tuple(MODES)
+    for transform in (filtx.filter_jit, filtx.filter_pmap):
+        overloads = typing.get_overloads(transform)
+        assert overloads, transform
+        for overload in overloads:
+            assert typing.get_type_hints(overload)["donate"] == DonateMode, transform
+        assert inspect.signature(transform).parameters["donate"].default == "none"
+    assert '"strict"' in filtx.filter_jit.__doc__

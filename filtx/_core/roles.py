@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from .._base.arrays import ARRAY_TYPES, REF_TYPES, is_array, is_array_type, is_ref  # noqa: F401  (re-exported)
 from .errors import SpecError
@@ -161,6 +161,10 @@ class Mode:
     def donates(self) -> bool:
         return self.donate_first or self.donate_rest
 
+
+# The accepted `donate=` values, for every transform's signature and overloads
+# (`MODES` below has one entry for each; a test holds the two together).
+DonateMode = Literal["none", "arrays", "warn", "strict", "all", "all-except-first", "warn-except-first"]
 
 MODES = {
     "none": Mode("none", False, False, True),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, Literal, ParamSpec, TypeVar, overload
+from typing import Any, ParamSpec, TypeVar, overload
 
 import jax
 
@@ -17,7 +17,7 @@ from .lowering import AheadOfTime, lowering
 from .._core.outputs import OutputForm, pack_outputs
 from .._core.donation import donations_beside_refs
 from .._core.resolve import LeafResolver
-from .._core.roles import is_array, is_ref, parse_mode
+from .._core.roles import DonateMode, is_array, is_ref, parse_mode
 from .._core.eqx_errors import without_filtx_frames
 from .._core.errors import SpecError, output_path
 from .sharding import OUT_SHARDINGS, SHARDINGS, check_mesh, place, placed, under_mesh
@@ -29,7 +29,6 @@ __all__ = ["filter_jit"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
-DonateMode = Literal["none", "arrays", "warn", "strict", "all", "all-except-first", "warn-except-first"]
 
 _OWN = ["fun", "donate", "specs", "share", "in_shardings", "out_shardings", "mesh", "reuse_outputs"]
 _OWNED_BY_FILTX = ("static_argnums", "static_argnames", "donate_argnums", "donate_argnames")
@@ -188,8 +187,10 @@ def filter_jit(
         with arguments.
     - `donate`: the default mode. `"none"` (arrays traced, the default),
         `"arrays"` (arrays donated, unusable-donation warnings hidden), `"warn"`
-        (arrays donated, warnings shown), or Equinox's `"all"`,
-        `"all-except-first"`, `"warn-except-first"` with Equinox's meaning.
+        (arrays donated, warnings shown), `"strict"` (arrays donated; a donation
+        no output can reuse is a `ValueError` naming its path, at the first call
+        of the signature), or Equinox's `"all"`, `"all-except-first"`,
+        `"warn-except-first"` with Equinox's meaning.
     - `specs`: roles per argument, a tuple (by position) or a dict (by parameter
         name) of pytree prefixes whose leaves are `filtx.static`, `filtx.traced`,
         `filtx.donate`, `True`, `False` or callables returning one of those.

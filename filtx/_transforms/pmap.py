@@ -37,7 +37,7 @@ from .._core.placement import AXES
 from .._core.prefix import broadcast_prefix
 from .._core.resolve import LeafResolver
 from .._fastpath.reuse import _enabled as reuse_switch
-from .._core.roles import if_array, is_ref, parse_mode
+from .._core.roles import DonateMode, if_array, is_ref, parse_mode
 from .._core.share import unique_donation
 from .typing import Pmapped
 from .._core.varying import check_unmapped_outputs
@@ -226,7 +226,7 @@ def _per_device(x, axis) -> tuple:
 @overload
 def filter_pmap(
     fun: None = None, *, in_axes: Any = if_array(0), out_axes: Any = if_array(0), axis_name: Any = None,
-    axis_size: int | None = None, donate: str = "none", specs: Any = None, share: bool = False,
+    axis_size: int | None = None, donate: DonateMode = "none", specs: Any = None, share: bool = False,
     devices: Any = None, backend: str | None = None, reuse_outputs: bool = True,
 ) -> Callable[[Callable[P, R]], Pmapped[P, Any]]: ...
 
@@ -234,7 +234,7 @@ def filter_pmap(
 @overload
 def filter_pmap(
     fun: Callable[P, R], *, in_axes: Any = if_array(0), out_axes: Any = if_array(0), axis_name: Any = None,
-    axis_size: int | None = None, donate: str = "none", specs: Any = None, share: bool = False,
+    axis_size: int | None = None, donate: DonateMode = "none", specs: Any = None, share: bool = False,
     devices: Any = None, backend: str | None = None, reuse_outputs: bool = True,
 ) -> Pmapped[P, Any]: ...
 
