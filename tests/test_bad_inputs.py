@@ -410,3 +410,18 @@ def test_vmap_traced_python_scalar_is_a_weakly_typed_scalar_inside():
     np.testing.assert_array_equal(np.asarray(out), np.full((2, 3), 3.0))
     assert isinstance(seen["n"], jax.Array), f"got {type(seen['n']).__name__} inside"
     assert seen["n"].weak_type
+
+
+@pytest.mark.parametrize(
+    "make, where",
+    [
+        (filtx.filter_jit, "jax.jit"),
+        (filtx.filter_vmap, "jax.vmap"),
+        (filtx.filter_pmap, "filter_pmap itself"),
+        (filtx.filter_shard_map, "filter_shard_map itself"),
+    ],
+)
+def test_one_option_check_names_an_unknown_keyword_for_every_transform(make, where):
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'bogus'\. Its own parameters are fun, ") as info:
+        make(lambda x: x, bogus=1)
+    assert where in str(info.value)

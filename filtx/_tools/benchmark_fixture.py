@@ -3,7 +3,6 @@ over pytest-benchmark's fixture and one `_tools.compare_runs.Run`."""
 
 from __future__ import annotations
 
-import math
 from typing import Any, Callable
 
 from .compare import calls_per_round, own_peak_calls, quiet_donation_warnings, settle_calls, time_range, unsteady

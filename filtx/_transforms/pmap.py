@@ -26,7 +26,7 @@ from .._core.boundary import Boundary, Split, flat_function, unique_paths
 from .._core.entry import Entry
 from .._core.caches import BoundedCache
 from .._core.errors import (
-    dynamic_paths, no_mapped_input_error, owned_option_error, refs_in_pmap_error, unknown_option_error,
+    dynamic_paths, no_mapped_input_error, refs_in_pmap_error,
 )
 from .hosts import Hosts, mapped_size_error, mesh_devices
 from .lowering import AheadOfTime, lowering
@@ -41,7 +41,7 @@ from .._core.roles import DonateMode, if_array, is_ref, parse_mode
 from .._core.share import unique_donation
 from .typing import Pmapped
 from .._core.varying import check_unmapped_outputs
-from .wrapper import Wrapper, call_error, dispatch, freeze, fun_donates, made_by
+from .wrapper import Wrapper, call_error, check_options, dispatch, freeze, fun_donates, made_by
 
 __all__ = ["filter_pmap"]
 
@@ -294,7 +294,7 @@ def filter_pmap(
         assert params["w"].shape == (n, 3) and total.shape == ()
         ```
     """
-    _check_unknown(unknown)
+    check_options("filter_pmap", _OWN, None, unknown, _OWNED_BY_FILTX)
     parse_mode(donate)
     if fun is None:
         return functools.partial(
@@ -314,9 +314,3 @@ def filter_pmap(
     return made_by(wrapper, filter_pmap, options)
 
 
-def _check_unknown(unknown: dict) -> None:
-    taken = [k for k in _OWNED_BY_FILTX if k in unknown]
-    if taken:
-        raise owned_option_error("filter_pmap", taken)
-    if unknown:
-        raise unknown_option_error("filter_pmap", next(iter(unknown)), _OWN, "filter_pmap itself")

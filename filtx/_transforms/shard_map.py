@@ -21,7 +21,6 @@ from .._core.boundary import Boundary, Split, flat_function, unique_paths
 from .._core.entry import Entry
 from .._core.caches import BoundedCache
 from .._core.eqx_errors import without_filtx_frames
-from .._core.errors import unknown_option_error
 from .lowering import AheadOfTime, lowering
 from .mapped import traced_numbers_as_arrays
 from .._core.out_specs import OutAxes, config_key, resolve_by_evaluation
@@ -33,7 +32,7 @@ from .._base.indexing import first_positions
 from .._core.roles import MODES, is_ref, static
 from .sharding import OUT_SPECS, SPECS, ambient_concrete_mesh, ambient_mesh, check_mesh, inferred_spec, misplaced_error
 from .typing import Jitted
-from .wrapper import Wrapper, dispatch, freeze, made_by
+from .wrapper import Wrapper, check_options, dispatch, freeze, made_by
 
 __all__ = ["filter_shard_map"]
 
@@ -246,8 +245,7 @@ def filter_shard_map(
         assert float(value) == 9.0 and name == "probe"
         ```
     """
-    if unknown:
-        raise unknown_option_error("filter_shard_map", next(iter(unknown)), _OWN, "filter_shard_map itself")
+    check_options("filter_shard_map", _OWN, None, unknown)
     if fun is None:
         return functools.partial(
             filter_shard_map, mesh=mesh, in_specs=in_specs, out_specs=out_specs, axis_names=axis_names,

@@ -61,16 +61,20 @@ def freeze(tree: Any) -> Any:
     return key
 
 
-def check_options(transform: str, own: list[str], passthrough: Callable, extra: dict, owned: tuple = ()) -> None:
-    """Refuse, when wrapping, keywords that neither filtx nor `passthrough` take,
-    and those of `passthrough`'s that filtx owns."""
+def check_options(
+    transform: str, own: list[str], passthrough: Callable | None, extra: dict, owned: tuple = (),
+) -> None:
+    """The one option check of every transform, when wrapping: refuse keywords
+    that neither filtx nor `passthrough` (the JAX function extra keywords go
+    to, or None where none do) take, and those that filtx owns (`owned`)."""
     taken = [k for k in owned if k in extra]
     if taken:
         raise owned_option_error(transform, taken)
-    accepted = set(inspect.signature(passthrough).parameters)
+    accepted = set(inspect.signature(passthrough).parameters) if passthrough is not None else set()
+    where = f"jax.{passthrough.__name__}" if passthrough is not None else f"{transform} itself"
     for name in extra:
         if name not in accepted:
-            raise unknown_option_error(transform, name, own, f"jax.{passthrough.__name__}")
+            raise unknown_option_error(transform, name, own, where)
 
 
 def made_by(wrapper: "Wrapper", factory: Callable, options: dict) -> "Wrapper":
