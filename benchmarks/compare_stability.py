@@ -209,15 +209,29 @@ def _run(args: list[str], what: str, timeout: float) -> dict:
     return out
 
 
+def checks(runs: list[dict], mode: str) -> dict:
+    """One mode's figures over one size's runs: the loop's figures, the width
+    allowed, in how many runs the loop lies inside the range, the widest range,
+    the medians over the loop's, and in how many runs they are within 10 %."""
+    rows = [r["rows"][mode] for r in runs]
+    loops = [row["loop"] for row in rows]
+    ratios = [row["median"] / row["loop"] for row in rows]
+    return {
+        "loops": loops,
+        "allowed": (max(loops) - min(loops)) + 0.1 * statistics.median(loops),
+        "inside": sum(row["range"][0] <= row["loop"] <= row["range"][1] for row in rows),
+        "width": max(row["range"][1] - row["range"][0] for row in rows),
+        "ratios": ratios,
+        "close": sum(abs(x - 1) <= 0.1 for x in ratios),
+    }
+
+
 def verdicts(runs: list[dict]) -> tuple[list[str], dict]:
     """The issue's four checks over one size's runs, per mode."""
     lines, ok = [], {}
     for mode in MODES:
-        loops = [r["rows"][mode]["loop"] for r in runs]
-        allowed = (max(loops) - min(loops)) + 0.1 * statistics.median(loops)
-        inside = sum(r["rows"][mode]["range"][0] <= r["rows"][mode]["loop"] <= r["rows"][mode]["range"][1] for r in runs)
-        width = max(r["rows"][mode]["range"][1] - r["rows"][mode]["range"][0] for r in runs)
-        close = sum(abs(r["rows"][mode]["median"] / r["rows"][mode]["loop"] - 1) <= 0.1 for r in runs)
+        c = checks(runs, mode)
+        inside, width, allowed, close = c["inside"], c["width"], c["allowed"], c["close"]
         ok[mode] = inside == len(runs) and width <= allowed and close >= len(runs) - 1
         lines.append(
             f"{mode}: loop inside the range in {inside}/{len(runs)} runs; widest range {width * 1e3:.2f} ms, "
@@ -299,16 +313,13 @@ def report(sources: list[str], page_path: str) -> None:
             first = runs[0]
             where = f"{label or first['device']} (JAX {first['jax']}, {first['device']}, width {first.get('width', WIDTH)})"
             for mode in MODES:
-                loops = [r["rows"][mode]["loop"] for r in runs]
-                allowed = (max(loops) - min(loops)) + 0.1 * statistics.median(loops)
-                ratios = [r["rows"][mode]["median"] / r["rows"][mode]["loop"] for r in runs]
-                inside = sum(r["rows"][mode]["range"][0] <= r["rows"][mode]["loop"] <= r["rows"][mode]["range"][1] for r in runs)
-                width = max(r["rows"][mode]["range"][1] - r["rows"][mode]["range"][0] for r in runs)
+                c = checks(runs, mode)
+                loops, ratios = c["loops"], c["ratios"]
                 cells.append([
                     where, f"{first['param_bytes'] / 2**20:.0f} MiB, {len(runs)} runs", f"`{mode}`",
                     f"{min(loops) * 1e3:.3g}-{max(loops) * 1e3:.3g}", f"{min(ratios):.3f}-{max(ratios):.3f}",
-                    f"{sum(abs(x - 1) <= 0.1 for x in ratios)}/{len(runs)}", f"{inside}/{len(runs)}",
-                    f"{width / allowed:.2f}", f"{min(r['wall'] for r in runs):.1f}-{max(r['wall'] for r in runs):.1f}",
+                    f"{c['close']}/{len(runs)}", f"{c['inside']}/{len(runs)}",
+                    f"{c['width'] / c['allowed']:.2f}", f"{min(r['wall'] for r in runs):.1f}-{max(r['wall'] for r in runs):.1f}",
                 ])
             lines_, _ = verdicts(runs)
             notes.append(f"- {where}, {first['param_bytes'] / 2**20:.0f} MiB: {lines_[-1]}.")

@@ -299,7 +299,6 @@ def test_device_peak_per_mode_on_a_device_with_allocator_statistics(monkeypatch)
     fake = _FakeAllocator()
     monkeypatch.setattr(_memory, "device_memory", fake)
     monkeypatch.setattr(_compare, "device_memory", fake)
-    monkeypatch.setattr(_memory.OwnPeak.__init__, "__defaults__", (None, fake))
     params, momentum, batch = state()
     state_bytes = 4 * N * 4
     comparison = filtx.compare_donation(momentum_sgd, params, momentum, batch, rounds=1, calls=2)
@@ -332,6 +331,7 @@ def test_time_range_flag_and_round_lengths():
     assert calls_per_round(0.07) == 8 and calls_per_round(0.35) == 3 and calls_per_round(1e-3) == 30
     assert rounds_for(30, 1e-3) == 67 and rounds_for(30, 1e-6) == 200 and rounds_for(1, 10.0) == 10
     assert settle_calls(10.0) == 3 and settle_calls(1e-3) >= 100
+    assert settle_calls(1e-3, calls=2) == 3 and settle_calls(10.0, calls=7) == 7
 
 
 def test_rows_carry_their_range_in_the_table_dicts_and_plot(tmp_path):

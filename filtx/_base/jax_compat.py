@@ -162,4 +162,4 @@ def arg_aval(info: Any) -> Any:
 
 def is_ref_aval(aval: Any) -> bool:
     """Whether an abstract value is a `jax.Ref`'s."""
-    return hasattr(aval, "inner_aval") or (bool(AbstractRef) and isinstance(aval, AbstractRef))
+    return hasattr(aval, "inner_aval") or isinstance(aval, AbstractRef)

@@ -31,7 +31,7 @@ class DonationBenchmark:
                 raise RuntimeError(f"donation_benchmark, mode {run.label}: the step failed: {run.error}")
             run.warm(1)
             estimate = run.warm(1)
-            settle = settle_calls(estimate) if calls is None else max(3, calls)  # as in compare_donation
+            settle = settle_calls(estimate, calls)  # as in compare_donation
             settled = run.warm(settle) / settle
             if calls is None:
                 calls = calls_per_round(settled)

@@ -147,7 +147,7 @@ def compare(
                 seconds = _guarded(run, lambda r=run: r.warm(1))
                 if seconds is not None:
                     estimate = seconds if estimate is None else min(estimate, seconds)
-        settle = settle_calls(estimate) if calls is None else max(_MIN_SETTLE, calls)
+        settle = settle_calls(estimate, calls)
         settled = []
         for run in _ok(runs):  # each mode's allocator settles before it is timed
             seconds = _guarded(run, lambda r=run: r.warm(settle))
@@ -188,7 +188,7 @@ def calls_per_round(estimate: float | None) -> int:
     seconds = max(estimate or _TARGET_ROUND, 1e-7)
     wanted = min(_LOOP, math.ceil(_TARGET_ROUND / seconds))
     wanted = max(wanted, min(_ROUND_CALLS, math.ceil(_LONG_ROUND / seconds)))
-    return max(1, min(_MAX_CALLS, wanted))
+    return max(1, wanted)
 
 
 def rounds_for(calls: int, estimate: float | None) -> int:
@@ -204,13 +204,15 @@ def own_peak_calls(calls: int) -> int:
     return min(max(calls, 5), 20)
 
 
-def settle_calls(estimate: float | None) -> int:
+def settle_calls(estimate: float | None, calls: int | None = None) -> int:
     """Untimed calls per mode before its timed rounds: about `_SETTLE` seconds,
-    at least `_MIN_SETTLE` calls. A step that allocates its whole state anew
-    every call runs slower while the allocator takes fresh memory from the
-    system (the donation guide, "Reading a time"): a loop's first calls are not
-    what the rest of it sees. The settled calls also time a call better than
-    the first ones do, for the rounds' length."""
+    or `calls` where the caller sets a round's calls; at least `_MIN_SETTLE`. A
+    step that allocates its whole state anew every call runs slower while the
+    allocator takes fresh memory from the system (the donation guide, "Reading a
+    time"): a loop's first calls are not what the rest of it sees. The settled
+    calls also time a call better than the first ones do, for the rounds' length."""
+    if calls is not None:
+        return max(_MIN_SETTLE, calls)
     return max(_MIN_SETTLE, min(_MAX_CALLS, math.ceil(_SETTLE / max(estimate or _SETTLE, 1e-7))))
 
 

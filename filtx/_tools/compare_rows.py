@@ -57,16 +57,15 @@ def make_runs(step: Any, args: tuple, kwargs: dict, modes: Any, feed: Callable |
         own, given, from_jit = "none", step, True
         make = lambda mode: filter_jit(step, donate=mode)  # noqa: E731
     wanted = [own, "none", "arrays"] if modes is None else [modes] if isinstance(modes, str) else list(modes)
-    for mode in wanted:
-        parse_mode(mode)
+    parsed = {mode: parse_mode(mode) for mode in dict.fromkeys(wanted)}
     _check_live(args, kwargs)
     feeding = Feeding(feed)
     originals = (as_pytree(given), args, kwargs)
     groups: dict = {}
-    for mode in dict.fromkeys(wanted):
+    for mode, parsed_mode in parsed.items():
         with unshared():
             plan = inspect_call(make(mode), args, kwargs, entry=False).split.plan
-        groups.setdefault((tuple(plan.donate_mask), parse_mode(mode).strict), []).append(mode)
+        groups.setdefault((tuple(plan.donate_mask), parsed_mode.strict), []).append(mode)
     runs = []
     for names in groups.values():
         runs.append(Run(" / ".join(names), tuple(names), _Filtx(make, names[0]), None, originals, feeding, _lower_filtx, _unusable))

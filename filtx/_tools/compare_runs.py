@@ -96,7 +96,6 @@ class Run:
         self.times: list[float] = []
         self.first: float | None = None
         self.device_peak: int | None = None  # `own_peak`'s figure
-        self.device_peak_why: str | None = None
         self.figures: dict | None = None  # the compiled step's memory figures, made once (`_tools.compare._figures`)
         self.out = None
         self.renew_fun = self.renew_kwargs = None  # masks of the leaves a call deletes (donates)
@@ -141,7 +140,7 @@ class Run:
                 self.args = self._next_args(args, self.out, None, check=False)
                 del args  # as a loop rebinds its model and state: the first copies go
                 self.timed(self._one_set() for _ in range(calls))
-            self.device_peak, self.device_peak_why = meter.bytes, meter.why
+            self.device_peak = meter.bytes
         finally:
             self.fun_tree, self.args, self.kwargs, self.out = saved
 

@@ -7,7 +7,7 @@ results agree."""
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -93,8 +93,8 @@ class OwnPeak:
 
     MARGIN = 1.5  # the ballast is laid only if the mark + MARGIN * expected fits the device
 
-    def __init__(self, expected: int | None = None, stats=device_memory):
-        self.expected, self.stats = expected, stats
+    def __init__(self, expected: int | None = None, stats: Callable[[], dict | None] | None = None):
+        self.expected, self.stats = expected, stats or device_memory
         self.bytes: int | None = None
         self.why: str | None = None
         self._ballast = None
