@@ -16,6 +16,9 @@ median of its rounds.
     COMPARE_STABILITY_JSON=run.json python benchmarks/compare_stability.py   # keep the figures, then
     python benchmarks/compare_stability.py --report "2 cores here=run.json" ...  # their section of docs/benchmarks.md
 
+The figures the report's section was written from are kept in
+`benchmarks/results/compare_stability/` (its README says which run each is).
+
 The issue's targets, per size and mode, over the runs: the loop's figure lies
 inside the row's `seconds_range` in every run; the range is no wider than the
 spread of the loop's figure across the runs plus 10 % of its median; the row's
@@ -212,15 +215,21 @@ def _run(args: list[str], what: str, timeout: float) -> dict:
 def checks(runs: list[dict], mode: str) -> dict:
     """One mode's figures over one size's runs: the loop's figures, the width
     allowed, in how many runs the loop lies inside the range, the widest range,
-    the medians over the loop's, and in how many runs they are within 10 %."""
+    the medians over the loop's, and in how many runs they are within 10 %. The
+    range is taken again from each run's saved rounds with the rule
+    `compare_donation` has now (`filtx._tools.compare.time_range`), so figures
+    saved before a change of the rule are read with the new one."""
+    from filtx._tools.compare import time_range
+
     rows = [r["rows"][mode] for r in runs]
     loops = [row["loop"] for row in rows]
     ratios = [row["median"] / row["loop"] for row in rows]
+    ranges = [time_range(row["rounds"]) for row in rows]  # today's rule, from the saved rounds
     return {
         "loops": loops,
         "allowed": (max(loops) - min(loops)) + 0.1 * statistics.median(loops),
-        "inside": sum(row["range"][0] <= row["loop"] <= row["range"][1] for row in rows),
-        "width": max(row["range"][1] - row["range"][0] for row in rows),
+        "inside": sum(low <= row["loop"] <= high for (low, high), row in zip(ranges, rows)),
+        "width": max(high - low for low, high in ranges),
         "ratios": ratios,
         "close": sum(abs(x - 1) <= 0.1 for x in ratios),
     }

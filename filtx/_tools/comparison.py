@@ -27,7 +27,7 @@ class ModeRow:
         settle); `seconds_iqr`: the interquartile range of those per-call times;
         `seconds_range`: `(low, high)`, where the time per call of a loop of
         this mode lies in this process: the median give or take 2.5 standard
-        errors of it (from the rounds' interquartile range), at least 2.5 %.
+        errors of it (from the rounds' interquartile range), at least 5 %.
     - `unsteady`: the rounds disagree by more than 10 % (their upper quartile
         is over 1.1 times their lower): the time moves from call to call, and
         two runs may read further apart than one run's range. A step that
