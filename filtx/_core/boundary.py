@@ -235,7 +235,7 @@ class Boundary:
         needs the full path (another trace, aliased buffers, one object twice).
 
         On one device nothing is read per leaf: JAX's runtime refuses a donated
-        buffer that stands twice before running, and `recover` splits the call
+        buffer that stands twice before running, and `filter_jit`'s `_recover` splits the call
         again. An array or recorded object passed twice the layout refuses itself
         (see `_fastpath.layout._take_function`), since XLA also logs an error line for it;
         rarer forms (an array passed beside the model that holds it) are left to

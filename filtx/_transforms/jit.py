@@ -20,10 +20,11 @@ from .._core.resolve import LeafResolver
 from .._core.roles import DonateMode, is_array, is_ref, parse_mode
 from .._core.eqx_errors import without_filtx_frames
 from .._core.errors import SpecError, output_path
-from .sharding import OUT_SHARDINGS, SHARDINGS, check_mesh, place, placed, under_mesh
+from .._base.jax_compat import refused_aliasing
+from .sharding import OUT_SHARDINGS, SHARDINGS, check_mesh, misplaced_error, place, placed, under_mesh
 from .._core.share import unique_donation
 from .typing import Jitted
-from .wrapper import Wrapper, check_options, freeze, fun_donates, made_by, recover
+from .wrapper import Wrapper, check_options, freeze, fun_donates, made_by
 
 __all__ = ["filter_jit"]
 
@@ -67,11 +68,29 @@ class _JitWrapper(AheadOfTime, Wrapper):
             out = entry.call(*dynamic)
         except Exception as e:
             try:
-                out = recover(e, dynamic, split, entry, self._recheck)
+                out = self._recover(e, dynamic, split, entry)
             except RuntimeError as error:
                 without_filtx_frames(error)
                 raise
         return boundary.finish(out, reuse, split, entry.out_form)
+
+    def _recover(self, e: Exception, dynamic: list, split: Split, entry: Entry) -> Any:
+        """`Wrapper._recover`, and first: a call whose donated buffers were left
+        for JAX to check (`split.checked` false: one device) and that JAX refused
+        for aliasing (before running anything) is split again by buffer
+        (`Boundary.prepare` with `check_buffers`) and called again."""
+        if not split.checked and refused_aliasing(e):
+            if len(set(map(id, dynamic))) == len(dynamic):  # distinct arrays over one buffer: check this plan's calls
+                split.plan.aliased = True  # (one object twice, a layout let through: the full path finds it by id)
+            entry, dynamic, split = self._recheck(*split.root)
+            return self._dispatch(entry.call, dynamic, split, entry)
+        return super()._recover(e, dynamic, split, entry)
+
+    def _explain_failure_by_path(self, e: Exception, paths: list, dynamic: list, entry: Entry) -> Exception | None:
+        """An array placed elsewhere than `in_shardings` says, by path."""
+        if entry.placements is None:
+            return None
+        return misplaced_error(paths, dynamic, entry.placements, None, "in_shardings")
 
     def _build(self, split: Split) -> Entry:
         plan, pattern = split.plan, split.pattern

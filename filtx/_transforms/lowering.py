@@ -13,7 +13,6 @@ from .._core.donation import hidden_depth, hide_jax_warning, show_jax_warning
 from .._core.eqx_errors import without_filtx_frames
 from .export import exported_lowering
 from .._core.outputs import parts
-from .wrapper import dispatch
 
 __all__ = ["Traced", "Lowered", "Compiled", "AheadOfTime", "lowering"]
 
@@ -249,7 +248,7 @@ class Compiled:
                 "function itself."
             )
         try:
-            out = dispatch(self.compiled, dynamic, split, entry, getattr(wrapper, "_recheck", None))
+            out = wrapper._dispatch(self.compiled, dynamic, split, entry)
         except RuntimeError as e:
             without_filtx_frames(e)
             raise

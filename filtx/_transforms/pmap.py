@@ -41,7 +41,7 @@ from .._core.roles import DonateMode, if_array, is_ref, parse_mode
 from .._core.share import unique_donation
 from .typing import Pmapped
 from .._core.varying import check_unmapped_outputs
-from .wrapper import Wrapper, call_error, check_options, dispatch, freeze, fun_donates, made_by
+from .wrapper import Wrapper, call_error, check_options, freeze, fun_donates, made_by
 
 __all__ = ["filter_pmap"]
 
@@ -84,7 +84,7 @@ class _PmapWrapper(AheadOfTime, Wrapper):
         reuse = self._reuse and reuse_switch[0]
         entry, dynamic, split = self._boundary.prepare(self._fun, args, kwargs, self._build, False, reuse)
         try:
-            out = dispatch(entry.call, dynamic, split, entry)
+            out = self._dispatch(entry.call, dynamic, split, entry)
         except Exception as e:
             raise call_error(e, (ValueError, IndexError, TypeError), lambda _: self._size_error(split, dynamic))
         return self._boundary.finish(out, reuse, split)

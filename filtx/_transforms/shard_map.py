@@ -32,7 +32,7 @@ from .._base.indexing import first_positions
 from .._core.roles import MODES, is_ref, static
 from .sharding import OUT_SPECS, SPECS, ambient_concrete_mesh, ambient_mesh, check_mesh, inferred_spec, misplaced_error
 from .typing import Jitted
-from .wrapper import Wrapper, check_options, dispatch, freeze, made_by
+from .wrapper import Wrapper, check_options, freeze, made_by
 
 __all__ = ["filter_shard_map"]
 
@@ -81,13 +81,13 @@ class _ShardMapWrapper(AheadOfTime, Wrapper):
         dynamic = traced_numbers_as_arrays(dynamic)
         run = self._run(entry)
         try:
-            out = dispatch(run, dynamic, split, entry)
+            out = self._dispatch(run, dynamic, split, entry)
         except ValueError as e:
             misplaced = run.misplaced(dynamic) if top_level() else None
             if misplaced:
                 refused = [i for i in misplaced if not run.movable(dynamic[i], i)]
                 if not refused:  # on Auto axes: moved, as jax.shard_map moves them
-                    return self._boundary.finish(dispatch(run, run.moved(dynamic, misplaced, ()), split, entry), reuse, split)
+                    return self._boundary.finish(self._dispatch(run, run.moved(dynamic, misplaced, ()), split, entry), reuse, split)
                 paths = unique_paths(split.root, split.plan, split.pattern)
                 targets = [s if i in refused else None for i, s in enumerate(run.shardings)]
                 raise misplaced_error(paths, dynamic, targets, None, "in_specs") from None

@@ -28,7 +28,7 @@ from .._core.placement import AXES
 from .._core.resolve import LeafResolver
 from .._core.roles import MODES, if_array
 from .typing import Mapped
-from .wrapper import Wrapper, call_error, check_options, dispatch, freeze, made_by
+from .wrapper import Wrapper, call_error, check_options, freeze, made_by
 
 __all__ = ["filter_vmap"]
 
@@ -79,7 +79,7 @@ class _VmapWrapper(Wrapper):
         try:
             if out_axes is _IN_TRACE:
                 return self._resolved_in_trace(entry, dynamic)
-            return unpack(*dispatch(self._vmap(flat, axes, (out_axes, None)), dynamic, split, entry))
+            return unpack(*self._dispatch(self._vmap(flat, axes, (out_axes, None)), dynamic, split, entry))
         except Exception as e:
             explain = lambda error: self._explain_failure(error, split, entry, dynamic, out_axes)  # noqa: E731
             raise call_error(e, ValueError, explain)

@@ -1,7 +1,7 @@
 """What every transform wrapper shares: the decorator forms, option validation,
 naming, binding as a method, equality and hashing, copying, the wrapper as a
 pytree (so a wrapped Module's arrays are traced by an enclosing transform), and
-dispatch to a compiled entry.
+dispatch to a compiled entry and what a failed call raises.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 
-from .._base.jax_compat import aliased_ref_refused, deleted_array_refused, refused_aliasing
+from .._base.jax_compat import aliased_ref_refused, deleted_array_refused
 from .._core.boundary import Split, unique_paths
 from .._core.entry import Entry
 from .._core.caches import code_owner, is_table_attribute, shared_by_code
@@ -22,11 +22,10 @@ from .._core.errors import aliased_ref_error, deleted_array_error, owned_option_
 from .._core.eqx_errors import equinox_runtime_error, without_filtx_frames
 from .pickling import reduce_wrapper
 from .._core.roles import is_ref
-from .sharding import misplaced_error
 from .._core.signature import signature_key
 
 __all__ = [
-    "Wrapper", "Bound", "freeze", "check_options", "as_pytree", "fun_donates", "dispatch", "recover", "call_error", "made_by",
+    "Wrapper", "Bound", "freeze", "check_options", "as_pytree", "fun_donates", "call_error", "made_by",
 ]
 
 
@@ -202,6 +201,50 @@ class Wrapper:
     def __repr__(self):
         return f"<filtx.{self.transform} of {self._given!r}>"
 
+    # -- dispatch --------------------------------------------------------------------
+
+    def _dispatch(self, call: Callable, dynamic: list, split: Split, entry: Entry) -> Any:
+        """`call(*dynamic)`, a compiled entry called; on failure, `_recover`. (A
+        hot path writes the call out itself: `try: out = entry.call(*dynamic)`,
+        and `except Exception as e: out = self._recover(e, ...)`.)"""
+        try:
+            return call(*dynamic)
+        except Exception as e:
+            return self._recover(e, dynamic, split, entry)
+
+    def _recover(self, e: Exception, dynamic: list, split: Split, entry: Entry) -> Any:
+        """What a failed call of a compiled entry raises, naming the user's paths
+        where JAX names filtx's flat arguments, and arrays used after donation.
+        Called in the `except` clause of the failed call; a transform that can
+        still answer some failures (`filter_jit`: a call JAX refused for
+        aliasing) overrides it and calls this for the rest.
+
+        A deleted array is named by path where JAX refuses it (JAX 0.7 to 0.12
+        refuse one cleanly; a donating call over several devices refused its
+        deleted arrays before: see `Boundary._donation_split`)."""
+        converted = equinox_runtime_error(e)
+        if converted is not None:
+            raise converted from None
+        if deleted_array_refused(e):
+            converted = deleted_array_error(split.root)
+            if converted is not None:
+                raise converted from e
+        paths = unique_paths(split.root, split.plan, split.pattern)
+        if aliased_ref_refused(e):
+            converted = aliased_ref_error([(p, x) for p, x in zip(paths, dynamic) if is_ref(x)])
+            if converted is not None:
+                raise converted from None
+        converted = self._explain_failure_by_path(e, paths, dynamic, entry)
+        if converted is not None:
+            raise converted from None
+        rename_dynamic(e, paths)
+        raise e
+
+    def _explain_failure_by_path(self, e: Exception, paths: list, dynamic: list, entry: Entry) -> Exception | None:
+        """A clearer error for a failed call that a transform can name by path
+        (`filter_jit`: an array placed elsewhere than `in_shardings`), or None."""
+        return None
+
 
 class CallInspection(NamedTuple):
     """What `inspect_call` sees of one call: `split`, the call split by its plan
@@ -282,57 +325,6 @@ def _flatten(wrapper: Wrapper):
 
 def _unflatten(aux: _Aux, children) -> Wrapper:
     return aux.wrapper._with_fun(children[0])
-
-
-# ---------------------------------------------------------------------------
-# Dispatch
-
-
-def dispatch(call: Callable, dynamic: list, split: Split, entry: Entry, recheck: Callable | None = None) -> Any:
-    """`call(*dynamic)`, a compiled entry called; on failure, see `recover`. (A
-    hot path writes the call out itself: `try: out = entry.call(*dynamic)`, and
-    `except Exception as e: out = recover(e, ...)`.)"""
-    try:
-        return call(*dynamic)
-    except Exception as e:
-        return recover(e, dynamic, split, entry, recheck)
-
-
-def recover(e: Exception, dynamic: list, split: Split, entry: Entry, recheck: Callable | None = None) -> Any:
-    """What a failed call of a compiled entry raises, naming the user's paths where
-    JAX names filtx's flat arguments, and arrays used after donation; or, for a
-    call JAX refused for aliasing, its output once split again.
-
-    A deleted array is named by path where JAX refuses it (JAX 0.7 to 0.12
-    refuse one cleanly; a donating call over several devices refused its
-    deleted arrays before: see `Boundary._donation_split`). A call whose donated
-    buffers were left for JAX to check (`split.checked` false: one device) and
-    that JAX refused for aliasing (before running anything) is split again by
-    buffer, through `recheck(fun, args, kwargs) -> (entry, dynamic, split)`, and
-    called again. Called in the `except` clause of the failed call."""
-    converted = equinox_runtime_error(e)
-    if converted is not None:
-        raise converted from None
-    if recheck is not None and not split.checked and refused_aliasing(e):
-        if len(set(map(id, dynamic))) == len(dynamic):  # distinct arrays over one buffer: check this plan's calls
-            split.plan.aliased = True  # (one object twice, a layout let through: the full path finds it by id)
-        entry, dynamic, split = recheck(*split.root)
-        return dispatch(entry.call, dynamic, split, entry)
-    if deleted_array_refused(e):
-        converted = deleted_array_error(split.root)
-        if converted is not None:
-            raise converted from e
-    paths = unique_paths(split.root, split.plan, split.pattern)
-    if aliased_ref_refused(e):
-        converted = aliased_ref_error([(p, x) for p, x in zip(paths, dynamic) if is_ref(x)])
-        if converted is not None:
-            raise converted from None
-    if entry.placements is not None:
-        converted = misplaced_error(paths, dynamic, entry.placements, None, "in_shardings")
-        if converted is not None:
-            raise converted from None
-    rename_dynamic(e, paths)
-    raise e
 
 
 def call_error(
