@@ -332,7 +332,7 @@ def test_the_layer_test_sees_a_violation():
     assert "filtx._fastpath.buffers" in _imported("filtx._core.boundary", boundary)  # `from .._fastpath import buffers`
 
 
-WRAPPER_PRIVATE = {"_boundary", "_fun", "_given", "_given_type", "_made_by", "_with_fun", "_build", "_options", "_shared", "_recheck"}
+WRAPPER_PRIVATE = {"_boundary", "_fun", "_given", "_given_type", "_factory", "_with_fun", "_build", "_options", "_shared", "_recheck"}
 
 
 def test_the_tools_read_no_private_attribute_of_a_wrapper():

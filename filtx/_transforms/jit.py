@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar, overload
@@ -24,32 +25,49 @@ from .._base.jax_compat import refused_aliasing
 from .sharding import OUT_SHARDINGS, SHARDINGS, check_mesh, misplaced_error, place, placed, under_mesh
 from .._core.share import unique_donation
 from .typing import Jitted
-from .wrapper import Wrapper, check_options, freeze, fun_donates, made_by
+from .options import Options
+from .wrapper import Wrapper, fun_donates
 
 __all__ = ["filter_jit"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
-_OWN = ["fun", "donate", "specs", "share", "in_shardings", "out_shardings", "mesh", "reuse_outputs"]
-_OWNED_BY_FILTX = ("static_argnums", "static_argnames", "donate_argnums", "donate_argnames")
+@dataclasses.dataclass(frozen=True, eq=False)
+class JitOptions(Options):
+    """`filter_jit`'s options (its docstring says what each means); `extra`:
+    the keywords passed to `jax.jit`."""
+
+    transform = "filter_jit"
+    passthrough = jax.jit
+    owned = ("static_argnums", "static_argnames", "donate_argnums", "donate_argnames")
+
+    donate: DonateMode = "none"
+    specs: Any = None
+    share: bool = False
+    in_shardings: Any = None
+    out_shardings: Any = None
+    mesh: Any = None
+    reuse_outputs: bool = True
+    mode: Any = dataclasses.field(init=False, repr=False)  # `donate`, parsed
+
+    def check(self) -> None:
+        self.derive("mode", parse_mode(self.donate))
+        check_mesh(self.mesh, self.transform)
 
 
 class _JitWrapper(AheadOfTime, Wrapper):
     transform = "filter_jit"
 
-    def __init__(
-        self, fun: Callable, donate: str, specs: Any, share: bool, jitkwargs: dict, placing: tuple, reuse: bool
-    ):
-        mode = parse_mode(donate)
-        in_shardings, out_shardings, mesh = placing
-        check_mesh(mesh, "filter_jit")
-        super().__init__(fun, (mode, share, freeze(specs), freeze(jitkwargs), freeze(in_shardings), freeze(out_shardings), mesh))
+    def __init__(self, fun: Callable, options: JitOptions):
+        super().__init__(fun, options)
+        mode = options.mode
+        share, specs, in_shardings, out_shardings = bool(options.share), options.specs, options.in_shardings, options.out_shardings
         self._share = share
-        self._jitkwargs = jitkwargs
+        self._jitkwargs = options.extra
         self._mode = mode
-        self._mesh = mesh
-        self._reuse = reuse
+        self._mesh = options.mesh
+        self._reuse = bool(options.reuse_outputs)
         self._out_shardings = None if out_shardings is None else OutAxes(out_shardings, OUT_SHARDINGS, "out_shardings")
         placement = None if in_shardings is None else SHARDINGS
         resolver = LeafResolver(
@@ -261,20 +279,8 @@ def filter_jit(
         assert float(total) == 3.0 and not batch.is_deleted()
         ```
     """
-    check_options("filter_jit", _OWN, jax.jit, jitkwargs, _OWNED_BY_FILTX)
-    parse_mode(donate)
-    if fun is None:
-        return functools.partial(
-            filter_jit, donate=donate, specs=specs, share=share, in_shardings=in_shardings,
-            out_shardings=out_shardings, mesh=mesh, reuse_outputs=reuse_outputs, **jitkwargs,
-        )
-    if not callable(fun):
-        raise TypeError(f"filter_jit needs a callable, got {type(fun).__name__}.")
-    options = dict(
+    options = JitOptions(
         donate=donate, specs=specs, share=share, in_shardings=in_shardings, out_shardings=out_shardings,
-        mesh=mesh, reuse_outputs=reuse_outputs, **jitkwargs,
+        mesh=mesh, reuse_outputs=reuse_outputs, extra=jitkwargs,
     )
-    wrapper = _JitWrapper(
-        fun, donate, specs, bool(share), jitkwargs, (in_shardings, out_shardings, mesh), bool(reuse_outputs)
-    )
-    return made_by(wrapper, filter_jit, options)
+    return options.wrap(fun, filter_jit, _JitWrapper)

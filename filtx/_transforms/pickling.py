@@ -31,7 +31,7 @@ def reduce_wrapper(wrapper: Any) -> Any:
     name = _module_name(wrapper)
     if name is not None and not (wrapper.__module__ == "__main__" and _pickler_by_value()):
         return name
-    factory, options = wrapper._made_by
+    factory, options = wrapper._factory, wrapper._options.kwargs()
     _check_options(wrapper, options)
     return (remake, (factory, _given(wrapper, wrapper), options))
 

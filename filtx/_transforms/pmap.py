@@ -12,7 +12,7 @@ context, makes JAX trace the jaxpr's evaluation again, never the user's function
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar, overload
 
@@ -41,32 +41,52 @@ from .._core.roles import DonateMode, if_array, is_ref, parse_mode
 from .._core.share import unique_donation
 from .typing import Pmapped
 from .._core.varying import check_unmapped_outputs
-from .wrapper import Wrapper, call_error, check_options, freeze, fun_donates, made_by
+from .options import Options
+from .wrapper import Wrapper, call_error, fun_donates
 
 __all__ = ["filter_pmap"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
 _DEFAULT_AXIS_NAME = "filtx_pmap_axis"
-_OWN = [
-    "fun", "in_axes", "out_axes", "axis_name", "axis_size", "donate", "specs", "share", "devices", "backend",
-    "reuse_outputs",
-]
-_OWNED_BY_FILTX = ("static_broadcasted_argnums", "donate_argnums")
 
 
 def _spec(name: Any, axis: int | None) -> PartitionSpec:
     return PartitionSpec() if axis is None else PartitionSpec(*([None] * axis), name)
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class PmapOptions(Options):
+    """`filter_pmap`'s options (its docstring says what each means); it passes
+    no keywords through."""
+
+    transform = "filter_pmap"
+    owned = ("static_broadcasted_argnums", "donate_argnums")
+
+    in_axes: Any = if_array(0)
+    out_axes: Any = if_array(0)
+    axis_name: Any = None
+    axis_size: int | None = None
+    donate: DonateMode = "none"
+    specs: Any = None
+    share: bool = False
+    devices: Any = None
+    backend: str | None = None
+    reuse_outputs: bool = True
+    mode: Any = dataclasses.field(init=False, repr=False)  # `donate`, parsed
+
+    def check(self) -> None:
+        self.derive("mode", parse_mode(self.donate))
+
+
 class _PmapWrapper(AheadOfTime, Wrapper):
     transform = "filter_pmap"
 
-    def __init__(self, fun, in_axes, out_axes, axis_name, axis_size, donate, specs, share, devices, backend, reuse):
-        mode = parse_mode(donate)
-        super().__init__(fun, (
-            mode, share, freeze(specs), freeze(in_axes), freeze(out_axes), axis_name, axis_size, freeze(devices), backend,
-        ))
+    def __init__(self, fun: Callable, options: PmapOptions):
+        super().__init__(fun, options)
+        mode, in_axes, out_axes, specs = options.mode, options.in_axes, options.out_axes, options.specs
+        share, axis_name, axis_size, devices = bool(options.share), options.axis_name, options.axis_size, options.devices
+        backend, reuse = options.backend, bool(options.reuse_outputs)
         self._boundary = self._shared(lambda: Boundary(
             LeafResolver(fun, mode=mode, specs=specs, placement=AXES, placements=in_axes, fun_donates=fun_donates(fun)), share, self.name,
             layouts=not share,
@@ -294,23 +314,10 @@ def filter_pmap(
         assert params["w"].shape == (n, 3) and total.shape == ()
         ```
     """
-    check_options("filter_pmap", _OWN, None, unknown, _OWNED_BY_FILTX)
-    parse_mode(donate)
-    if fun is None:
-        return functools.partial(
-            filter_pmap, in_axes=in_axes, out_axes=out_axes, axis_name=axis_name,
-            axis_size=axis_size, donate=donate, specs=specs, share=share,
-            devices=devices, backend=backend, reuse_outputs=reuse_outputs,
-        )
-    if not callable(fun):
-        raise TypeError(f"filter_pmap needs a callable, got {type(fun).__name__}.")
-    options = dict(
+    options = PmapOptions(
         in_axes=in_axes, out_axes=out_axes, axis_name=axis_name, axis_size=axis_size, donate=donate,
-        specs=specs, share=share, devices=devices, backend=backend, reuse_outputs=reuse_outputs,
+        specs=specs, share=share, devices=devices, backend=backend, reuse_outputs=reuse_outputs, extra=unknown,
     )
-    wrapper = _PmapWrapper(
-        fun, in_axes, out_axes, axis_name, axis_size, donate, specs, bool(share), devices, backend, bool(reuse_outputs)
-    )
-    return made_by(wrapper, filter_pmap, options)
+    return options.wrap(fun, filter_pmap, _PmapWrapper)
 
 

@@ -9,6 +9,7 @@ error naming its path where its placement or its spec names an Explicit axis."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar, overload
@@ -32,13 +33,13 @@ from .._base.indexing import first_positions
 from .._core.roles import MODES, is_ref, static
 from .sharding import OUT_SPECS, SPECS, ambient_concrete_mesh, ambient_mesh, check_mesh, inferred_spec, misplaced_error
 from .typing import Jitted
-from .wrapper import Wrapper, check_options, freeze, made_by
+from .options import Options
+from .wrapper import Wrapper
 
 __all__ = ["filter_shard_map"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
-_OWN = ["fun", "mesh", "in_specs", "out_specs", "axis_names", "check_vma", "specs", "share", "reuse_outputs"]
 _REPLICATED = PartitionSpec()
 
 
@@ -55,12 +56,33 @@ class _ShardMapEntry(Entry):
     __slots__ = ("make_flat", "flat", "specs", "placed", "resolved", "runs")
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class ShardMapOptions(Options):
+    """`filter_shard_map`'s options (its docstring says what each means); it
+    passes no keywords through."""
+
+    transform = "filter_shard_map"
+
+    mesh: Any = None
+    in_specs: Any = None
+    out_specs: Any = None
+    axis_names: Any = None
+    check_vma: bool = True
+    specs: Any = None
+    share: bool = False
+    reuse_outputs: bool = True
+
+    def check(self) -> None:
+        check_mesh(self.mesh, self.transform)
+
+
 class _ShardMapWrapper(AheadOfTime, Wrapper):
     transform = "filter_shard_map"
 
-    def __init__(self, fun, mesh, in_specs, out_specs, axis_names, check_vma, specs, share, reuse):
-        check_mesh(mesh, "filter_shard_map")
-        super().__init__(fun, (mesh, freeze(in_specs), freeze(out_specs), freeze(axis_names), check_vma, freeze(specs), share))
+    def __init__(self, fun: Callable, options: ShardMapOptions):
+        super().__init__(fun, options)
+        mesh, in_specs, out_specs, axis_names = options.mesh, options.in_specs, options.out_specs, options.axis_names
+        check_vma, specs, share, reuse = options.check_vma, options.specs, bool(options.share), bool(options.reuse_outputs)
         resolver = LeafResolver(
             fun, mode=MODES["none"], specs=specs, placement=SPECS, placements=in_specs, arrays_may_be_static=True
         )
@@ -245,20 +267,9 @@ def filter_shard_map(
         assert float(value) == 9.0 and name == "probe"
         ```
     """
-    check_options("filter_shard_map", _OWN, None, unknown)
-    if fun is None:
-        return functools.partial(
-            filter_shard_map, mesh=mesh, in_specs=in_specs, out_specs=out_specs, axis_names=axis_names,
-            check_vma=check_vma, specs=specs, share=share, reuse_outputs=reuse_outputs,
-        )
-    if not callable(fun):
-        raise TypeError(f"filter_shard_map needs a callable, got {type(fun).__name__}.")
-    options = dict(
+    options = ShardMapOptions(
         mesh=mesh, in_specs=in_specs, out_specs=out_specs, axis_names=axis_names, check_vma=check_vma,
-        specs=specs, share=share, reuse_outputs=reuse_outputs,
+        specs=specs, share=share, reuse_outputs=reuse_outputs, extra=unknown,
     )
-    wrapper = _ShardMapWrapper(
-        fun, mesh, in_specs, out_specs, axis_names, check_vma, specs, bool(share), bool(reuse_outputs)
-    )
-    return made_by(wrapper, filter_shard_map, options)
+    return options.wrap(fun, filter_shard_map, _ShardMapWrapper)
 

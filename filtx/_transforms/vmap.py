@@ -3,6 +3,7 @@ callable out_axes resolved by abstract evaluation."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar, overload
@@ -28,13 +29,13 @@ from .._core.placement import AXES
 from .._core.resolve import LeafResolver
 from .._core.roles import MODES, if_array
 from .typing import Mapped
-from .wrapper import Wrapper, call_error, check_options, freeze, made_by
+from .options import Options
+from .wrapper import Wrapper, call_error
 
 __all__ = ["filter_vmap"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
-_OWN = ["fun", "in_axes", "out_axes", "axis_name", "axis_size", "specs", "share"]
 _IN_TRACE = object()  # abstract evaluation needed concrete values: resolve inside the real trace
 _CONCRETENESS_ERRORS = (
     jax.errors.ConcretizationTypeError,
@@ -50,13 +51,30 @@ class _VmapEntry(Entry):
     __slots__ = ("make_flat", "flat", "axes", "resolved")
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class VmapOptions(Options):
+    """`filter_vmap`'s options (its docstring says what each means); `extra`:
+    the keywords passed to `jax.vmap`."""
+
+    transform = "filter_vmap"
+    passthrough = jax.vmap
+    owned = ("in_axes", "out_axes")
+
+    in_axes: Any = if_array(0)
+    out_axes: Any = if_array(0)
+    axis_name: Any = None
+    axis_size: int | None = None
+    specs: Any = None
+    share: bool = False
+
+
 class _VmapWrapper(Wrapper):
     transform = "filter_vmap"
 
-    def __init__(self, fun, in_axes, out_axes, axis_name, axis_size, specs, share, vmapkwargs):
-        super().__init__(
-            fun, (freeze(in_axes), freeze(out_axes), axis_name, axis_size, freeze(specs), share, freeze(vmapkwargs))
-        )
+    def __init__(self, fun: Callable, options: VmapOptions):
+        super().__init__(fun, options)
+        in_axes, out_axes, specs, share = options.in_axes, options.out_axes, options.specs, bool(options.share)
+        axis_name, axis_size, vmapkwargs = options.axis_name, options.axis_size, options.extra
         check_no_donate_spec(specs)
         resolver = LeafResolver(fun, mode=MODES["none"], specs=specs, placement=AXES, placements=in_axes, arrays_may_be_static=True)
         self._boundary = self._shared(lambda: Boundary(resolver, share, self.name, unhashable_statics=True))
@@ -254,14 +272,8 @@ def filter_vmap(
     """
     if "donate" in vmapkwargs:
         raise donation_in_mapped_error("")
-    check_options("filter_vmap", _OWN, jax.vmap, vmapkwargs, ("in_axes", "out_axes"))
-    if fun is None:
-        return functools.partial(
-            filter_vmap, in_axes=in_axes, out_axes=out_axes, axis_name=axis_name,
-            axis_size=axis_size, specs=specs, share=share, **vmapkwargs,
-        )
-    if not callable(fun):
-        raise TypeError(f"filter_vmap needs a callable, got {type(fun).__name__}.")
-    options = dict(in_axes=in_axes, out_axes=out_axes, axis_name=axis_name, axis_size=axis_size, specs=specs, share=share, **vmapkwargs)
-    wrapper = _VmapWrapper(fun, in_axes, out_axes, axis_name, axis_size, specs, bool(share), vmapkwargs)
-    return made_by(wrapper, filter_vmap, options)
+    options = VmapOptions(
+        in_axes=in_axes, out_axes=out_axes, axis_name=axis_name, axis_size=axis_size, specs=specs, share=share,
+        extra=vmapkwargs,
+    )
+    return options.wrap(fun, filter_vmap, _VmapWrapper)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import inspect
 import types
 from typing import Any, Callable, NamedTuple
 
@@ -18,14 +17,15 @@ from .._base.jax_compat import aliased_ref_refused, deleted_array_refused
 from .._core.boundary import Split, unique_paths
 from .._core.entry import Entry
 from .._core.caches import code_owner, is_table_attribute, shared_by_code
-from .._core.errors import aliased_ref_error, deleted_array_error, owned_option_error, rename_dynamic, unknown_option_error
+from .._core.errors import aliased_ref_error, deleted_array_error, rename_dynamic
 from .._core.eqx_errors import equinox_runtime_error, without_filtx_frames
+from .options import Options
 from .pickling import reduce_wrapper
 from .._core.roles import is_ref
 from .._core.signature import signature_key
 
 __all__ = [
-    "Wrapper", "Bound", "freeze", "check_options", "as_pytree", "fun_donates", "call_error", "made_by",
+    "Wrapper", "Bound", "as_pytree", "fun_donates", "call_error",
 ]
 
 
@@ -48,53 +48,20 @@ def fun_donates(fun: Callable) -> bool:
     return type(fun) is not functools.partial
 
 
-def freeze(tree: Any) -> Any:
-    """A hashable form of an option pytree (specs, axes, kwargs), or a fresh
-    object when it has unhashable leaves (so it is shared with nothing)."""
-    leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=lambda x: x is None)
-    key = (treedef, tuple((type(x), x) for x in leaves))
-    try:
-        hash(key)
-    except TypeError:
-        return object()
-    return key
-
-
-def check_options(
-    transform: str, own: list[str], passthrough: Callable | None, extra: dict, owned: tuple = (),
-) -> None:
-    """The one option check of every transform, when wrapping: refuse keywords
-    that neither filtx nor `passthrough` (the JAX function extra keywords go
-    to, or None where none do) take, and those that filtx owns (`owned`)."""
-    taken = [k for k in owned if k in extra]
-    if taken:
-        raise owned_option_error(transform, taken)
-    accepted = set(inspect.signature(passthrough).parameters) if passthrough is not None else set()
-    where = f"jax.{passthrough.__name__}" if passthrough is not None else f"{transform} itself"
-    for name in extra:
-        if name not in accepted:
-            raise unknown_option_error(transform, name, own, where)
-
-
-def made_by(wrapper: "Wrapper", factory: Callable, options: dict) -> "Wrapper":
-    """Remember the public call that made `wrapper` (`filter_jit(fun, **options)`),
-    so that it can be made again with some options changed (`Wrapper.replace`)."""
-    wrapper._made_by = (factory, options)
-    return wrapper
-
-
 def _name(fun: Any) -> str:
     return getattr(fun, "__qualname__", None) or type(fun).__qualname__
 
 
 class Wrapper:
     """The base of every transform's wrapper. Subclasses set `transform` and
-    implement `__call__`; `options` is everything besides the function that
-    decides how a call is handled, hashable where the user's options are."""
+    implement `__call__`; `options` is the transform's `Options` (everything
+    besides the function that decides how a call is handled); the factory that
+    made the wrapper is set by `Options.wrap`."""
 
     transform = "transform"
+    _factory: Callable
 
-    def __init__(self, fun: Callable, options: tuple):
+    def __init__(self, fun: Callable, options: Options):
         self._fun = as_pytree(fun)
         self._given = fun
         self._given_type = type(fun)  # what a pickled wrapper gives its factory back (see _pickling)
@@ -143,13 +110,12 @@ class Wrapper:
         """The same wrapper made again by its public factory with `changes` to its
         options (`wrapper.replace(donate="none")`); a fresh wrapper, compiling on
         its own only where its options differ."""
-        factory, options = self._made_by
-        return factory(self._given, **{**options, **changes})
+        return self._factory(self._given, **self._options.replace(**changes).kwargs())
 
     @property
     def options(self) -> dict:
         """The keyword options this wrapper was made with."""
-        return dict(self._made_by[1])
+        return self._options.kwargs()
 
     # -- the wrapper as a pytree ---------------------------------------------------
 

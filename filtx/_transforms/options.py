@@ -1,0 +1,132 @@
+"""A transform's options, written once: a frozen dataclass per transform.
+
+Each factory (`filter_jit`, ...) lists its keyword options in its signature
+(for readers and type checkers) and builds one `Options` from them; everything
+else comes from the dataclass: the option check (`check_options`, when it is
+made), the decorator form (`wrap` with no function), the wrapper's equality and
+hash (`key`), what a pickled wrapper carries and what `Wrapper.replace` and
+`Wrapper.options` give (`kwargs`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import jax
+
+from .._core.errors import owned_option_error, unknown_option_error
+
+__all__ = ["Options", "freeze", "check_options"]
+
+
+def freeze(tree: Any) -> Any:
+    """A hashable form of an option pytree (specs, axes, kwargs), or a fresh
+    object when it has unhashable leaves (so it is equal to nothing)."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=lambda x: x is None)
+    key = (treedef, tuple((type(x), x) for x in leaves))
+    try:
+        hash(key)
+    except TypeError:
+        return object()
+    return key
+
+
+def check_options(
+    transform: str, own: list[str], passthrough: Callable | None, extra: dict, owned: tuple = (),
+) -> None:
+    """The one option check of every transform, when wrapping: refuse keywords
+    that neither filtx nor `passthrough` (the JAX function extra keywords go
+    to, or None where none do) take, and those that filtx owns (`owned`)."""
+    taken = [k for k in owned if k in extra]
+    if taken:
+        raise owned_option_error(transform, taken)
+    accepted = set(inspect.signature(passthrough).parameters) if passthrough is not None else set()
+    where = f"jax.{passthrough.__name__}" if passthrough is not None else f"{transform} itself"
+    for name in extra:
+        if name not in accepted:
+            raise unknown_option_error(transform, name, own, where)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Options:
+    """The base of every transform's options. A subclass sets `transform` (the
+    factory's name), `passthrough` (the JAX function `extra` keywords go to, or
+    None where none are taken) and `owned` (JAX keywords filtx sets itself), and
+    declares its options as fields with the factory's defaults. `extra` holds
+    the keywords passed through. Equal options make equal wrappers of equal
+    functions, which share their compile state."""
+
+    transform: ClassVar[str] = "transform"
+    passthrough: ClassVar[Callable | None] = None
+    owned: ClassVar[tuple[str, ...]] = ()
+
+    extra: dict = dataclasses.field(default_factory=dict, kw_only=True)
+    key: Any = dataclasses.field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        own = ["fun", *self.names()]
+        check_options(self.transform, own, self.passthrough, self.extra, self.owned)
+        self.check()
+        object.__setattr__(self, "extra", dict(self.extra))
+        self._set_key()
+
+    def _set_key(self) -> None:
+        items = tuple((name, freeze(value)) for name, value in self.kwargs().items())
+        object.__setattr__(self, "key", (type(self), items))
+
+    def check(self) -> None:
+        """A subclass's own checks of its values, when it is made (and what it
+        derives from them, set with `self.derive`)."""
+
+    def derive(self, name: str, value: Any) -> None:
+        """Set a field that is not an option (`init=False`): what `check` reads
+        from the options once (a parsed mode)."""
+        object.__setattr__(self, name, value)
+
+    @classmethod
+    def names(cls) -> list[str]:
+        """The options' names, in the factory's order, `extra` left out."""
+        return [f.name for f in dataclasses.fields(cls) if f.init and f.name != "extra"]
+
+    def kwargs(self) -> dict:
+        """The options as the factory's keywords: `factory(fun, **options.kwargs())`
+        makes the wrapper again."""
+        return {**{name: getattr(self, name) for name in self.names()}, **self.extra}
+
+    def replace(self, **changes: Any) -> "Options":
+        """These options with `changes` (options by name, passed-through keywords
+        among them), checked again."""
+        names = set(self.names())
+        extra = {**self.extra, **{k: v for k, v in changes.items() if k not in names}}
+        return dataclasses.replace(self, **{k: v for k, v in changes.items() if k in names}, extra=extra)
+
+    def wrap(self, fun: Callable | None, factory: Callable, make: Callable[[Callable, "Options"], Any]) -> Any:
+        """The factory's result: with no function, the decorator that takes one
+        (`factory` with these options); else `make(fun, self)`, the wrapper,
+        remembering `factory` for `Wrapper.replace` and pickling."""
+        if fun is None:
+            return functools.partial(factory, **self.kwargs())
+        if not callable(fun):
+            raise TypeError(f"{self.transform} needs a callable, got {type(fun).__name__}.")
+        wrapper = make(fun, self)
+        wrapper._factory = factory
+        return wrapper
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and other.key == self.key  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __getstate__(self) -> dict:
+        return {name: getattr(self, name) for name in (*self.names(), "extra")}
+
+    def __setstate__(self, state: dict) -> None:
+        for name, value in state.items():
+            object.__setattr__(self, name, value)
+        self.check()
+        self._set_key()
