@@ -39,7 +39,9 @@ MAX_RECORDS = 16  # per wrapper's compile state
 MIN_LEAVES = 16
 _SLOT = object()  # the leaf where a recorded object's leaves go in the flattened rest of a call
 
-_enabled = [os.environ.get("FILTX_REUSE_OUTPUTS", "1") != "0"]
+# Whether reuse is on (`filtx.reuse_outputs`): a one-element list, read by the
+# transforms' call template on every call (an index is the cheapest read).
+SWITCH = [os.environ.get("FILTX_REUSE_OUTPUTS", "1") != "0"]
 
 
 def reuse_outputs(enabled: bool | None = None) -> bool:
@@ -71,12 +73,12 @@ def reuse_outputs(enabled: bool | None = None) -> bool:
         ```
     """
     if enabled is not None:
-        _enabled[0] = bool(enabled)
-    return _enabled[0]
+        SWITCH[0] = bool(enabled)
+    return SWITCH[0]
 
 
 def enabled() -> bool:
-    return _enabled[0]
+    return SWITCH[0]
 
 
 class Record(weakref.ref):

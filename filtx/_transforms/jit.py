@@ -11,7 +11,6 @@ import jax
 
 from .._core.boundary import Boundary, Split, flat_function, unique_paths
 from .._core.entry import Entry
-from .._fastpath.reuse import _enabled as reuse_switch
 from .._base.indexing import first_positions
 from .._core.out_specs import OutAxes
 from .lowering import AheadOfTime, lowering
@@ -19,7 +18,6 @@ from .._core.outputs import OutputForm, pack_outputs
 from .._core.donation import donations_beside_refs
 from .._core.resolve import LeafResolver
 from .._core.roles import DonateMode, is_array, is_ref, parse_mode
-from .._core.eqx_errors import without_filtx_frames
 from .._core.errors import SpecError, output_path
 from .._base.jax_compat import refused_aliasing
 from .sharding import OUT_SHARDINGS, SHARDINGS, check_mesh, misplaced_error, place, placed, under_mesh
@@ -77,20 +75,6 @@ class _JitWrapper(AheadOfTime, Wrapper):
             lambda: Boundary(resolver, share, self.name, runtime_refuses_aliasing=True, layouts=not share)
         )
         self._recheck = functools.partial(self._boundary.prepare, build=self._build, check_buffers=True)
-
-    def __call__(self, /, *args, **kwargs):
-        reuse = self._reuse and reuse_switch[0]
-        boundary = self._boundary
-        entry, dynamic, split = boundary.prepare(self._fun, args, kwargs, self._build, False, reuse)
-        try:  # free on success (zero-cost try)
-            out = entry.call(*dynamic)
-        except Exception as e:
-            try:
-                out = self._recover(e, dynamic, split, entry)
-            except RuntimeError as error:
-                without_filtx_frames(error)
-                raise
-        return boundary.finish(out, reuse, split, entry.out_form)
 
     def _recover(self, e: Exception, dynamic: list, split: Split, entry: Entry) -> Any:
         """`Wrapper._recover`, and first: a call whose donated buffers were left

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any, ParamSpec, TypeVar, overload
+from typing import Any, NamedTuple, ParamSpec, TypeVar, overload
 
 import jax
 import numpy as np
@@ -36,7 +36,6 @@ from .per_shard import PerShard, manual_view
 from .._core.placement import AXES
 from .._core.prefix import broadcast_prefix
 from .._core.resolve import LeafResolver
-from .._fastpath.reuse import _enabled as reuse_switch
 from .._core.roles import DonateMode, if_array, is_ref, parse_mode
 from .._core.share import unique_donation
 from .typing import Pmapped
@@ -91,23 +90,21 @@ class _PmapWrapper(AheadOfTime, Wrapper):
             LeafResolver(fun, mode=mode, specs=specs, placement=AXES, placements=in_axes, fun_donates=fun_donates(fun)), share, self.name,
             layouts=not share,
         ))
-        self._out_axes = OutAxes(out_axes)
-        self._axis_name = _DEFAULT_AXIS_NAME if axis_name is None else axis_name
-        self._axis_size = axis_size
-        self._devices = None if devices is None else tuple(devices)
-        self._backend = backend
+        self._mapping = _Mapping(
+            OutAxes(out_axes), _DEFAULT_AXIS_NAME if axis_name is None else axis_name, axis_size,
+            None if devices is None else tuple(devices), backend,
+        )
         self._share = share
         self._mode = mode
         self._reuse = reuse
 
-    def __call__(self, /, *args, **kwargs):
-        reuse = self._reuse and reuse_switch[0]
-        entry, dynamic, split = self._boundary.prepare(self._fun, args, kwargs, self._build, False, reuse)
+    def _recover(self, e: Exception, dynamic: list, split: Split, entry: Entry) -> Any:
+        """`Wrapper._recover`; then an argument whose mapped axis does not fit the
+        devices is named by path."""
         try:
-            out = self._dispatch(entry.call, dynamic, split, entry)
-        except Exception as e:
-            raise call_error(e, (ValueError, IndexError, TypeError), lambda _: self._size_error(split, dynamic))
-        return self._boundary.finish(out, reuse, split)
+            return super()._recover(e, dynamic, split, entry)
+        except Exception as error:
+            raise call_error(error, (ValueError, IndexError, TypeError), lambda _: self._size_error(split, dynamic))
 
     def _build(self, split: Split) -> Entry:
         plan, pattern = split.plan, split.pattern
@@ -115,14 +112,14 @@ class _PmapWrapper(AheadOfTime, Wrapper):
             path = next(p for p, x in zip(dynamic_paths(split.root, plan), split.dynamic) if is_ref(x))
             raise refs_in_pmap_error(path)
         donated = plan.donate_mask if pattern is None else unique_donation(pattern, plan.donate_mask)
-        out_axes, share = self._out_axes, self._share
+        out_axes, share = self._mapping.out_axes, self._share
 
         def body(fun, args, kwargs, dynamic):
             return pack_outputs(fun(*args, **kwargs), share, out_axes.per_leaf, dynamic)
 
         donation = (self._mode, list(donated)) if any(donated) else None
         flat = flat_function(split, body, self.name, self.transform, self.source, donation)
-        runner = _Runner(self, flat, plan.unique_placements(pattern), donated)
+        runner = _Runner(self._mapping, flat, plan.unique_placements(pattern), donated)
         return Entry(
             runner.call, plan, pattern, lower=lowering(runner.lower),
             donates=donation is not None, trace=lowering(runner.trace),
@@ -131,22 +128,35 @@ class _PmapWrapper(AheadOfTime, Wrapper):
     def _size_error(self, split: Split, dynamic: list) -> ValueError | None:
         paths = unique_paths(split.root, split.plan, split.pattern)
         axes = split.plan.unique_placements(split.pattern)
-        return mapped_size_error(paths, dynamic, axes, self._axis_size, self._devices, self._backend)
+        mapping = self._mapping
+        return mapped_size_error(paths, dynamic, axes, mapping.axis_size, mapping.devices, mapping.backend)
+
+
+class _Mapping(NamedTuple):
+    """What an entry's calls need of the options: an entry is shared by every
+    wrapper with the same code and options, so it holds this, never a wrapper
+    (nor the function, or the Module, a wrapper holds)."""
+
+    out_axes: OutAxes
+    axis_name: Any
+    axis_size: int | None
+    devices: tuple | None
+    backend: str | None
 
 
 class _Runner:
     """One entry's calls: a `PerShard` per device count, and the user's function
     traced once per per-device signature (and configuration)."""
 
-    def __init__(self, wrapper: _PmapWrapper, flat: Callable, axes: tuple, donated):
-        self.wrapper = wrapper
+    def __init__(self, mapping: _Mapping, flat: Callable, axes: tuple, donated):
+        self.mapping = mapping
         self.flat = flat
         self.axes = axes
         self.donate_argnums = tuple(i for i, d in enumerate(donated) if d)
         self.first = next((i for i, a in enumerate(axes) if a is not None), None)
         self.runs: dict = {}
         self.traces = BoundedCache()
-        self.hosts = Hosts.get(wrapper._backend)
+        self.hosts = Hosts.get(mapping.backend)
 
     def call(self, *unique):
         run = self.runs.get(self._local_size(unique)) or self._new_run(unique)
@@ -169,7 +179,7 @@ class _Runner:
         return run.trace(*(self._global(run, unique) if self.hosts is not None else unique))
 
     def _global(self, run: PerShard, unique: tuple) -> tuple:
-        name = self.wrapper._axis_name
+        name = self.mapping.axis_name
         return self.hosts.to_global(run.mesh, unique, lambda i: _spec(name, _mapped_axis(self.axes[i], unique[i])))
 
     def _local_size(self, unique: tuple) -> int | None:
@@ -178,13 +188,13 @@ class _Runner:
         return unique[self.first].shape[self.axes[self.first]]
 
     def _new_run(self, unique: tuple) -> PerShard:
-        wrapper, local_size = self.wrapper, self._local_size(unique)
+        mapping, local_size = self.mapping, self._local_size(unique)
         if local_size is None:
-            if wrapper._axis_size is None:
+            if mapping.axis_size is None:
                 raise no_mapped_input_error("filter_pmap")
-            local_size = wrapper._axis_size // jax.process_count(wrapper._backend)
-        devices, size = mesh_devices(local_size, wrapper._axis_size, wrapper._devices, wrapper._backend)
-        name = wrapper._axis_name
+            local_size = mapping.axis_size // jax.process_count(mapping.backend)
+        devices, size = mesh_devices(local_size, mapping.axis_size, mapping.devices, mapping.backend)
+        name = mapping.axis_name
         mesh = Mesh(np.array(devices), (name,))
         trace, axes = self._trace, self.axes
 
@@ -212,7 +222,7 @@ class _Runner:
         return self.traces.get_or_build(key, lambda: self._trace_once(per_device, mesh, size))
 
     def _trace_once(self, per_device: tuple, mesh: Mesh, size: int) -> tuple:
-        out_axes, name, resolved = self.wrapper._out_axes, self.wrapper._axis_name, []
+        out_axes, name, resolved = self.mapping.out_axes, self.mapping.axis_name, []
 
         def traced(*xs):
             arrays, carrier = self.flat(*xs)

@@ -21,14 +21,12 @@ from .._base.jax_compat import top_level, user_out_specs as _user_out_specs
 from .._core.boundary import Boundary, Split, flat_function, unique_paths
 from .._core.entry import Entry
 from .._core.caches import BoundedCache
-from .._core.eqx_errors import without_filtx_frames
 from .lowering import AheadOfTime, lowering
 from .mapped import traced_numbers_as_arrays
 from .._core.out_specs import OutAxes, config_key, resolve_by_evaluation
 from .._core.outputs import pack_outputs, unpack
 from .per_shard import PerShard, per_shard_shape
 from .._core.resolve import LeafResolver
-from .._fastpath.reuse import _enabled as reuse_switch
 from .._base.indexing import first_positions
 from .._core.roles import MODES, is_ref, static
 from .sharding import OUT_SPECS, SPECS, ambient_concrete_mesh, ambient_mesh, check_mesh, inferred_spec, misplaced_error
@@ -89,39 +87,35 @@ class _ShardMapWrapper(AheadOfTime, Wrapper):
         self._boundary = self._shared(lambda: Boundary(
             resolver, share, self.name, unhashable_statics=True, layouts=not share
         ))
-        self._out_specs = OutAxes(out_specs, OUT_SPECS, "out_specs")
-        self._fixed_out_specs = None if self._out_specs.needs_evaluation else _replicated_where_unset(self._out_specs.translated)
-        self._mesh = mesh
-        self._axis_names = frozenset(axis_names or ())
-        self._check_vma = check_vma
+        self._sharding = _Sharding(OutAxes(out_specs, OUT_SPECS, "out_specs"), mesh, axis_names, check_vma)
         self._share = share
         self._reuse = reuse
 
-    def __call__(self, /, *args, **kwargs):
-        reuse = self._reuse and reuse_switch[0]
-        entry, dynamic, split = self._boundary.prepare(self._fun, args, kwargs, self._build, False, reuse)
-        dynamic = traced_numbers_as_arrays(dynamic)
-        run = self._run(entry)
-        try:
-            out = self._dispatch(run, dynamic, split, entry)
-        except ValueError as e:
-            misplaced = run.misplaced(dynamic) if top_level() else None
+    def _recover(self, e: Exception, dynamic: list, split: Split, entry: Entry) -> Any:
+        """A call JAX refused for an input placed elsewhere than its spec: on Auto
+        axes the input is moved, as `jax.shard_map` moves it, and the call made
+        again; else the error names its path. Then `Wrapper._recover`, with
+        the out specs named as the user wrote them."""
+        if isinstance(e, ValueError) and top_level():
+            run = self._sharding.run(entry)
+            dynamic = traced_numbers_as_arrays(dynamic)
+            misplaced = run.misplaced(dynamic)
             if misplaced:
                 refused = [i for i in misplaced if not run.movable(dynamic[i], i)]
                 if not refused:  # on Auto axes: moved, as jax.shard_map moves them
-                    return self._boundary.finish(self._dispatch(run, run.moved(dynamic, misplaced, ()), split, entry), reuse, split)
+                    return self._dispatch(run, run.moved(dynamic, misplaced, ()), split, entry)
                 paths = unique_paths(split.root, split.plan, split.pattern)
                 targets = [s if i in refused else None for i, s in enumerate(run.shardings)]
                 raise misplaced_error(paths, dynamic, targets, None, "in_specs") from None
-            _user_out_specs(e)
+        try:
+            return super()._recover(e, dynamic, split, entry)
+        except ValueError as error:
+            _user_out_specs(error)
             raise
-        except RuntimeError as e:
-            without_filtx_frames(e)
-            raise
-        return self._boundary.finish(out, reuse, split)
 
     def _build(self, split: Split) -> Entry:
-        out_specs, share = self._out_specs, self._share
+        sharding, share = self._sharding, self._share
+        out_specs = sharding.out_specs
         entry = _ShardMapEntry(None, split.plan, split.pattern)
         entry.specs = tuple(_spec(v) for v in split.plan.unique_placements(split.pattern))
         unique = split.dynamic if split.pattern is None else [split.dynamic[i] for i in first_positions(split.pattern)]
@@ -130,7 +124,7 @@ class _ShardMapWrapper(AheadOfTime, Wrapper):
         entry.runs = {}
         split = split._replace(dynamic=None, root=None)  # keep no argument alive
 
-        source = self.source
+        source, name, transform = self.source, self.name, self.transform  # (and no wrapper)
 
         def make_flat(prefix, structured: bool = True) -> Callable:
             """The flat function packing outputs for the out-specs tree `prefix`
@@ -140,41 +134,55 @@ class _ShardMapWrapper(AheadOfTime, Wrapper):
             def body(fun, args, kwargs, dynamic):
                 return pack_outputs(fun(*args, **kwargs), share, axes_of, dynamic)
 
-            return flat_function(split, body, self.name, self.transform, source)
+            return flat_function(split, body, name, transform, source)
 
         entry.make_flat = make_flat
-        entry.flat = entry.call = make_flat(None, structured=not out_specs.needs_evaluation)
-        entry.compiled = lambda *xs: self._run(entry)(*traced_numbers_as_arrays(list(xs)))
-        entry.lower = lowering(lambda *xs: self._run(entry).lower(*traced_numbers_as_arrays(list(xs))))
-        entry.trace = lowering(lambda *xs: self._run(entry).trace(*traced_numbers_as_arrays(list(xs))))
+        entry.flat = make_flat(None, structured=not out_specs.needs_evaluation)
+        entry.call = entry.compiled = lambda *xs: sharding.run(entry)(*traced_numbers_as_arrays(list(xs)))
+        entry.lower = lowering(lambda *xs: sharding.run(entry).lower(*traced_numbers_as_arrays(list(xs))))
+        entry.trace = lowering(lambda *xs: sharding.run(entry).trace(*traced_numbers_as_arrays(list(xs))))
         return entry
 
-    def _run(self, entry) -> PerShard:
+class _Sharding:
+    """What an entry's calls need of the options, and the jitted shard_map per
+    mesh: an entry is shared by every wrapper with the same code and options,
+    so it holds this, never a wrapper (nor the function a wrapper holds)."""
+
+    __slots__ = ("out_specs", "fixed_out_specs", "mesh", "axis_names", "check_vma")
+
+    def __init__(self, out_specs: OutAxes, mesh: Any, axis_names: Any, check_vma: bool):
+        self.out_specs = out_specs
+        self.fixed_out_specs = None if out_specs.needs_evaluation else _replicated_where_unset(out_specs.translated)
+        self.mesh = mesh
+        self.axis_names = frozenset(axis_names or ())
+        self.check_vma = check_vma
+
+    def run(self, entry) -> PerShard:
         """The entry's jitted shard_map on this call's mesh."""
-        mesh = self._mesh or ambient_concrete_mesh() or ambient_mesh()
+        mesh = self.mesh or ambient_concrete_mesh() or ambient_mesh()
         if mesh is None:
             raise ValueError(
                 "filter_shard_map has no mesh: pass mesh= to it, or set one with `jax.set_mesh(mesh)`."
             )
-        return entry.runs.get(mesh) or self._new_run(entry, mesh)
+        return entry.runs.get(mesh) or self.new_run(entry, mesh)
 
-    def _new_run(self, entry, mesh) -> PerShard:
+    def new_run(self, entry, mesh) -> PerShard:
         """The jitted shard_map of this entry on `mesh`; its out specs resolved while
         JAX traces it, once per signature."""
 
         def inner(*xs):
             specs = tuple(inferred_spec(x, mesh) if s is None else s for x, s in zip(xs, entry.specs))
-            if self._fixed_out_specs is not None:
-                tree, flat = self._fixed_out_specs, entry.flat
+            if self.fixed_out_specs is not None:
+                tree, flat = self.fixed_out_specs, entry.flat
             else:
                 key = (tuple(map(jax.typeof, xs)), config_key(), mesh)
-                tree, flat = entry.resolved.get_or_build(key, lambda: self._evaluate_out_specs(entry, xs, specs, mesh))
+                tree, flat = entry.resolved.get_or_build(key, lambda: self.evaluate_out_specs(entry, xs, specs, mesh))
             return flat, specs, (tree, _REPLICATED)
 
-        run = entry.runs[mesh] = PerShard(inner, mesh, entry.placed, self._axis_names, self._check_vma)
+        run = entry.runs[mesh] = PerShard(inner, mesh, entry.placed, self.axis_names, self.check_vma)
         return run
 
-    def _evaluate_out_specs(self, entry, xs: tuple, specs: tuple, mesh) -> Any:
+    def evaluate_out_specs(self, entry, xs: tuple, specs: tuple, mesh) -> Any:
         """Trace the per-shard function once, with the mesh's axes bound, and answer
         the callable out specs on its output."""
         shapes = [per_shard_shape(jax.typeof(x), spec, mesh) for x, spec in zip(xs, specs)]
@@ -183,7 +191,7 @@ class _ShardMapWrapper(AheadOfTime, Wrapper):
         def evaluate(record):
             jax.make_jaxpr(lambda *xs: record(unpack(*entry.flat(*xs))) or (), axis_env=axis_env)(*shapes)
 
-        tree = _replicated_where_unset(resolve_by_evaluation(self._out_specs, evaluate))
+        tree = _replicated_where_unset(resolve_by_evaluation(self.out_specs, evaluate))
         return tree, entry.make_flat(tree)
 
 

@@ -30,6 +30,7 @@ from .._core.resolve import LeafResolver
 from .._core.roles import MODES, if_array
 from .typing import Mapped
 from .options import Options
+from .._base.indexing import first_positions
 from .wrapper import Wrapper, call_error
 
 __all__ = ["filter_vmap"]
@@ -68,39 +69,147 @@ class VmapOptions(Options):
     share: bool = False
 
 
+class _Batching:
+    """What a `filter_vmap` call does with its entry, from the options alone: an
+    entry is shared by every wrapper with the same code and options, so it
+    holds this, never a wrapper (nor the function a wrapper holds)."""
+
+    __slots__ = ("out_axes", "axis_name", "axis_size", "vmapkwargs", "transform")
+
+    def __init__(self, out_axes: OutAxes, axis_name: Any, axis_size: int | None, vmapkwargs: dict, transform: str):
+        self.out_axes = out_axes
+        self.axis_name = axis_name
+        self.axis_size = axis_size
+        self.vmapkwargs = vmapkwargs
+        self.transform = transform
+
+    def call(self, entry: _VmapEntry, *dynamic: Any) -> Any:
+        """The entry's call: `(arrays, carrier)` for `Boundary.finish`."""
+        dynamic = traced_numbers_as_arrays(list(dynamic))
+        axes = entry.axes
+        if self.unbatched(entry):
+            return self.once(entry, dynamic)
+        out_axes, flat = self.out_axes.translated, entry.flat
+        if self.out_axes.needs_evaluation:
+            out_axes, flat = entry.resolved.get_or_build(self.key(dynamic), lambda: self.evaluate_out_axes(entry, dynamic))
+        if out_axes is _IN_TRACE:
+            return self.resolved_in_trace(entry, dynamic)
+        return self.vmap(flat, axes, (out_axes, None))(*dynamic)
+
+    def key(self, dynamic: list) -> tuple:
+        return (tuple(map(jax.typeof, dynamic)), config_key())
+
+    def vmap(self, fun, axes, out_axes) -> Callable:
+        return jax.vmap(
+            fun, in_axes=tuple(axes), out_axes=out_axes, axis_name=self.axis_name,
+            axis_size=self.axis_size, **self.vmapkwargs,
+        )
+
+    def unbatched(self, entry: _VmapEntry) -> bool:
+        """Nothing is mapped and no axis size is given."""
+        return self.axis_size is None and all(a is None for a in entry.axes)
+
+    def once(self, entry: _VmapEntry, dynamic: list) -> Any:
+        """Nothing is mapped and no axis size is given: call once, unbatched, as
+        Equinox does; every output must then have out_axes None."""
+        arrays, carrier = entry.flat(*dynamic)
+        if any(a is not None for a in self.out_axes.per_leaf(unpack(arrays, carrier))):
+            raise no_mapped_input_error(self.transform)
+        return arrays, carrier
+
+    def evaluate_out_axes(self, entry: _VmapEntry, dynamic: list) -> Any:
+        def evaluate(record):
+            def probe(*xs):
+                record(unpack(*entry.flat(*xs)))
+                return ()
+
+            jax.eval_shape(self.vmap(probe, entry.axes, 0), *dynamic)
+
+        try:
+            tree = resolve_by_evaluation(self.out_axes, evaluate)
+        except _CONCRETENESS_ERRORS:
+            return _IN_TRACE, None
+        return tree, entry.make_flat(tree)
+
+    def resolved_in_trace(self, entry: _VmapEntry, dynamic: list) -> Any:
+        """Callable out_axes resolved on the real batched outputs: every array comes
+        back along axis 0 (or unbatched, for None) and is moved afterwards."""
+
+        flat = entry.make_flat(None)  # the user's out_axes, callables included, per leaf
+
+        def split_by_axis(*xs):
+            arrays, carrier = flat(*xs)
+            leaves = carrier.info.treedef.flatten_up_to(arrays)
+            axes = self.out_axes.per_leaf(unpack(arrays, carrier))
+            batched = [x if a is not None else None for x, a in zip(leaves, axes)]
+            unbatched = [x if a is None else None for x, a in zip(leaves, axes)]
+            return batched, unbatched, carrier, type(carrier)(axes)
+
+        batched, unbatched, carrier, axes = self.vmap(split_by_axis, entry.axes, (0, None, None, None))(*dynamic)
+        leaves = []
+        for b, u, a in zip(batched, unbatched, axes.info):
+            if b is None:
+                leaves.append(u)
+            else:
+                leaves.append(b if a == 0 else jnp.moveaxis(b, 0, a))
+        return carrier.info.treedef.unflatten(leaves), carrier
+
+    def explain_failure(self, error, split: Split, entry: _VmapEntry, dynamic: list) -> ValueError | None:
+        """A clearer error for a failed batched call: an in axis out of range or
+        sizes that disagree, by path; or the outputs with out_axes None that
+        depend on the mapped axis. (An unbatched call's errors are filtx's own.)"""
+        if self.unbatched(entry):
+            return None
+        paths = dynamic_paths(split.root, split.plan)
+        if split.pattern is not None:
+            paths = [paths[i] for i in first_positions(split.pattern)]
+        found = in_axes_error(paths, dynamic, entry.axes, self.axis_size, self.transform)
+        if found is not None or not names_out_axes(error):
+            return found
+        if self.out_axes.needs_evaluation:
+            resolved = entry.resolved.items.get(self.key(dynamic))
+            if resolved is None or resolved[0] is _IN_TRACE:
+                return None
+        return self.unmapped_outputs(entry, dynamic)
+
+    def unmapped_outputs(self, entry: _VmapEntry, dynamic: list) -> ValueError | None:
+        """Which outputs with out_axes None depend on the mapped axis."""
+        shapes = []
+        listed = entry.make_flat(None, False)
+        jax.eval_shape(self.vmap(lambda *xs: shapes.append(listed(*xs)) or (), entry.axes, 0), *dynamic)
+        full = self.out_axes.tree_for(unpack(*shapes[0]))
+        flat = entry.make_flat(full)
+        culprits = first_failing(full, lambda probe: jax.eval_shape(self.vmap(flat, entry.axes, (probe, None)), *dynamic))
+        if not culprits:
+            return None
+        return unmapped_outputs_error(
+            culprits, "it depends on the mapped axis, so it cannot be returned once",
+            "Give it an int out axis (e.g. filtx.if_array(0)).",
+        )
+
+
 class _VmapWrapper(Wrapper):
     transform = "filter_vmap"
 
     def __init__(self, fun: Callable, options: VmapOptions):
         super().__init__(fun, options)
-        in_axes, out_axes, specs, share = options.in_axes, options.out_axes, options.specs, bool(options.share)
-        axis_name, axis_size, vmapkwargs = options.axis_name, options.axis_size, options.extra
+        in_axes, specs, share = options.in_axes, options.specs, bool(options.share)
         check_no_donate_spec(specs)
         resolver = LeafResolver(fun, mode=MODES["none"], specs=specs, placement=AXES, placements=in_axes, arrays_may_be_static=True)
         self._boundary = self._shared(lambda: Boundary(resolver, share, self.name, unhashable_statics=True))
-        self._out_axes = OutAxes(out_axes)
-        self._axis_name = axis_name
-        self._axis_size = axis_size
+        self._out_axes = OutAxes(options.out_axes)
+        self._batching = _Batching(self._out_axes, options.axis_name, options.axis_size, options.extra, self.transform)
         self._share = share
-        self._vmapkwargs = vmapkwargs
 
-    def __call__(self, /, *args, **kwargs):
-        entry, dynamic, split = self._boundary.prepare(self._fun, args, kwargs, self._build)
-        dynamic = traced_numbers_as_arrays(dynamic)
-        axes = entry.axes
-        if self._axis_size is None and all(a is None for a in axes):
-            return self._unbatched(entry, dynamic)
-        out_axes, flat = self._out_axes.translated, entry.flat
-        if self._out_axes.needs_evaluation:
-            key = (tuple(map(jax.typeof, dynamic)), config_key())
-            out_axes, flat = entry.resolved.get_or_build(key, lambda: self._evaluate_out_axes(entry, dynamic))
+    def _recover(self, e: Exception, dynamic: list, split: Split, entry: Entry) -> Any:
+        """`Wrapper._recover`; then a clearer error where the batching explains it
+        (`_Batching.explain_failure`)."""
         try:
-            if out_axes is _IN_TRACE:
-                return self._resolved_in_trace(entry, dynamic)
-            return unpack(*self._dispatch(self._vmap(flat, axes, (out_axes, None)), dynamic, split, entry))
-        except Exception as e:
-            explain = lambda error: self._explain_failure(error, split, entry, dynamic, out_axes)  # noqa: E731
-            raise call_error(e, ValueError, explain)
+            return super()._recover(e, dynamic, split, entry)
+        except Exception as error:
+            dynamic = traced_numbers_as_arrays(list(dynamic))
+            explain = lambda error: self._batching.explain_failure(error, split, entry, dynamic)  # noqa: E731
+            raise call_error(error, ValueError, explain)
 
     def _build(self, split: Split) -> Entry:
         plan = split.plan
@@ -109,7 +218,7 @@ class _VmapWrapper(Wrapper):
             raise donation_in_mapped_error(f"{path} is marked filtx.donate, but ")
         out_axes, share = self._out_axes, self._share
         split = split._replace(dynamic=None, root=None)  # keep no argument alive
-        source = self.source
+        source, name, transform = self.source, self.name, self.transform  # (and no wrapper)
 
         def make_flat(prefix, structured: bool = True) -> Callable:
             """The flat function whose outputs are packed for the out-axes tree
@@ -119,92 +228,15 @@ class _VmapWrapper(Wrapper):
             def body(fun, args, kwargs, dynamic):
                 return pack_outputs(fun(*args, **kwargs), share, axes_of, dynamic)
 
-            return flat_function(split, body, self.name, self.transform, source)
+            return flat_function(split, body, name, transform, source)
 
         entry = _VmapEntry(None, plan, split.pattern)
         entry.make_flat = make_flat
         entry.flat = make_flat(None, structured=not out_axes.needs_evaluation)
-        entry.call = entry.flat
+        entry.call = functools.partial(self._batching.call, entry)
         entry.axes = plan.unique_placements(split.pattern)
         entry.resolved = BoundedCache()
         return entry
-
-    def _vmap(self, fun, axes, out_axes) -> Callable:
-        return jax.vmap(
-            fun, in_axes=tuple(axes), out_axes=out_axes, axis_name=self._axis_name,
-            axis_size=self._axis_size, **self._vmapkwargs,
-        )
-
-    def _unbatched(self, entry, dynamic) -> Any:
-        """Nothing is mapped and no axis size is given: call once, unbatched, as
-        Equinox does; every output must then have out_axes None."""
-        out = unpack(*entry.flat(*dynamic))
-        if any(a is not None for a in self._out_axes.per_leaf(out)):
-            raise no_mapped_input_error(self.transform)
-        return out
-
-    def _evaluate_out_axes(self, entry, dynamic) -> Any:
-        def evaluate(record):
-            def probe(*xs):
-                record(unpack(*entry.flat(*xs)))
-                return ()
-
-            jax.eval_shape(self._vmap(probe, entry.axes, 0), *dynamic)
-
-        try:
-            tree = resolve_by_evaluation(self._out_axes, evaluate)
-        except _CONCRETENESS_ERRORS:
-            return _IN_TRACE, None
-        return tree, entry.make_flat(tree)
-
-    def _resolved_in_trace(self, entry, dynamic) -> Any:
-        """Callable out_axes resolved on the real batched outputs: every array comes
-        back along axis 0 (or unbatched, for None) and is moved afterwards."""
-
-        flat = entry.make_flat(None)  # the user's out_axes, callables included, per leaf
-
-        def split_by_axis(*xs):
-            arrays, carrier = flat(*xs)
-            leaves = carrier.info.treedef.flatten_up_to(arrays)
-            axes = self._out_axes.per_leaf(unpack(arrays, carrier))
-            batched = [x if a is not None else None for x, a in zip(leaves, axes)]
-            unbatched = [x if a is None else None for x, a in zip(leaves, axes)]
-            return batched, unbatched, carrier, type(carrier)(axes)
-
-        batched, unbatched, carrier, axes = self._vmap(split_by_axis, entry.axes, (0, None, None, None))(*dynamic)
-        leaves = []
-        for b, u, a in zip(batched, unbatched, axes.info):
-            if b is None:
-                leaves.append(u)
-            else:
-                leaves.append(b if a == 0 else jnp.moveaxis(b, 0, a))
-        return unpack(carrier.info.treedef.unflatten(leaves), carrier)
-
-    def _explain_failure(self, error, split, entry, dynamic, out_axes) -> ValueError | None:
-        paths = dynamic_paths(split.root, split.plan)
-        if split.pattern is not None:
-            from .._base.indexing import first_positions
-
-            paths = [paths[i] for i in first_positions(split.pattern)]
-        found = in_axes_error(paths, dynamic, entry.axes, self._axis_size, "filter_vmap")
-        if found is not None or not names_out_axes(error) or out_axes is _IN_TRACE:
-            return found
-        return self._unmapped_outputs(entry, dynamic)
-
-    def _unmapped_outputs(self, entry, dynamic) -> ValueError | None:
-        """Which outputs with out_axes None depend on the mapped axis."""
-        shapes = []
-        listed = entry.make_flat(None, False)
-        jax.eval_shape(self._vmap(lambda *xs: shapes.append(listed(*xs)) or (), entry.axes, 0), *dynamic)
-        full = self._out_axes.tree_for(unpack(*shapes[0]))
-        flat = entry.make_flat(full)
-        culprits = first_failing(full, lambda probe: jax.eval_shape(self._vmap(flat, entry.axes, (probe, None)), *dynamic))
-        if not culprits:
-            return None
-        return unmapped_outputs_error(
-            culprits, "it depends on the mapped axis, so it cannot be returned once",
-            "Give it an int out axis (e.g. filtx.if_array(0)).",
-        )
 
 
 @overload

@@ -19,6 +19,7 @@ from .._core.entry import Entry
 from .._core.caches import code_owner, is_table_attribute, shared_by_code
 from .._core.errors import aliased_ref_error, deleted_array_error, rename_dynamic
 from .._core.eqx_errors import equinox_runtime_error, without_filtx_frames
+from .._fastpath.reuse import SWITCH as reuse_switch
 from .options import Options
 from .pickling import reduce_wrapper
 from .._core.roles import is_ref
@@ -60,6 +61,8 @@ class Wrapper:
 
     transform = "transform"
     _factory: Callable
+    _reuse = False  # whether calls record their outputs for reuse (`reuse_outputs`)
+    _boundary: Any
 
     def __init__(self, fun: Callable, options: Options):
         self._fun = as_pytree(fun)
@@ -167,12 +170,38 @@ class Wrapper:
     def __repr__(self):
         return f"<filtx.{self.transform} of {self._given!r}>"
 
-    # -- dispatch --------------------------------------------------------------------
+    # -- the call ----------------------------------------------------------------------
+
+    def __call__(self, /, *args, **kwargs):
+        """One call, the same for every transform: the call split at the
+        boundary (`Boundary.prepare`: an entry per signature, made by the
+        transform's `_build`), the entry's call run on the unique dynamic values,
+        a failure handed to `_recover`, the outputs built by `Boundary.finish`
+        (recorded for reuse where the transform records them). A transform
+        fills in `_build` and, where it can explain or answer a failure,
+        `_recover`."""
+        reuse = self._reuse and reuse_switch[0]
+        boundary = self._boundary
+        entry, dynamic, split = boundary.prepare(self._fun, args, kwargs, self._build, False, reuse)
+        try:  # free on success (zero-cost try)
+            out = entry.call(*dynamic)
+        except Exception as e:
+            try:
+                out = self._recover(e, dynamic, split, entry)
+            except RuntimeError as error:
+                without_filtx_frames(error)
+                raise
+        return boundary.finish(out, reuse, split, entry.out_form)
+
+    def _build(self, split: Split) -> Entry:
+        """The entry for a new signature: its `call(*unique_dynamic)` returns what
+        `Boundary.finish` takes."""
+        raise NotImplementedError
+
 
     def _dispatch(self, call: Callable, dynamic: list, split: Split, entry: Entry) -> Any:
-        """`call(*dynamic)`, a compiled entry called; on failure, `_recover`. (A
-        hot path writes the call out itself: `try: out = entry.call(*dynamic)`,
-        and `except Exception as e: out = self._recover(e, ...)`.)"""
+        """`call(*dynamic)`; on failure, `_recover` (a call made again by a
+        recovery, or by a compiled stage)."""
         try:
             return call(*dynamic)
         except Exception as e:
