@@ -8,6 +8,7 @@ the entry; the sharing pass only when asked for or when the plan donates.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import threading
 from itertools import compress
@@ -33,7 +34,7 @@ from .explain import CallSignature, explain_new_avals, explain_new_entry, explai
 from .._base.indexing import first_positions, getter
 from .._fastpath.layout import Layout, make as make_layout
 from .mutation import warn_if_changed
-from .outputs import parts
+from .outputs import pack_outputs, parts
 from .plan import Plan, canonical_plan, static_types_of
 from .resolve import LeafResolver
 from .._fastpath.reuse import Records, fresh_leaves, passed_candidates, slotted, spliced_leaves
@@ -320,6 +321,25 @@ def flat_function(
     if source is not None:
         flat.__wrapped__ = source
     return flat
+
+
+def flat_functions(split: Split, out_axes: Any, share: bool, name: str, transform: str, source: Callable | None) -> Callable:
+    """`make_flat(prefix, structured=True)`, for the transforms whose outputs
+    take per-leaf axes or specs (`out_axes`, an `OutAxes`): the flat function
+    whose outputs are packed for the tree `prefix` (resolved, no callables; None:
+    the user's own), or in the flat form (`structured=False`). Keeps no argument
+    of the split alive."""
+    split = split._replace(dynamic=None, root=None)
+
+    def make_flat(prefix: Any, structured: bool = True) -> Callable:
+        axes_of = functools.partial(out_axes.per_leaf, prefix=prefix) if structured else None
+
+        def body(fun, args, kwargs, dynamic):
+            return pack_outputs(fun(*args, **kwargs), share, axes_of, dynamic)
+
+        return flat_function(split, body, name, transform, source)
+
+    return make_flat
 
 
 _FLAT_SIGNATURE = inspect.Signature([inspect.Parameter("dynamic", inspect.Parameter.VAR_POSITIONAL)])

@@ -10,7 +10,6 @@ error naming its path where its placement or its spec names an Explicit axis."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar, overload
 
@@ -18,13 +17,13 @@ import jax
 from jax.sharding import PartitionSpec
 
 from .._base.jax_compat import top_level, user_out_specs as _user_out_specs
-from .._core.boundary import Boundary, Split, flat_function, unique_paths
+from .._core.boundary import Boundary, Split, flat_functions, unique_paths
 from .._core.entry import Entry
 from .._core.caches import BoundedCache
 from .lowering import AheadOfTime, lowering
 from .mapped import traced_numbers_as_arrays
 from .._core.out_specs import OutAxes, config_key, resolve_by_evaluation
-from .._core.outputs import pack_outputs, unpack
+from .._core.outputs import unpack
 from .per_shard import PerShard, per_shard_shape
 from .._core.resolve import LeafResolver
 from .._base.indexing import first_positions
@@ -122,20 +121,7 @@ class _ShardMapWrapper(AheadOfTime, Wrapper):
         entry.placed = tuple(None if is_ref(x) else s for x, s in zip(unique, entry.specs))  # a Ref is taken where it is
         entry.resolved = BoundedCache()
         entry.runs = {}
-        split = split._replace(dynamic=None, root=None)  # keep no argument alive
-
-        source, name, transform = self.source, self.name, self.transform  # (and no wrapper)
-
-        def make_flat(prefix, structured: bool = True) -> Callable:
-            """The flat function packing outputs for the out-specs tree `prefix`
-            (a resolved tree, no callables; None: the user's own), or in the flat form."""
-            axes_of = functools.partial(out_specs.per_leaf, prefix=prefix) if structured else None
-
-            def body(fun, args, kwargs, dynamic):
-                return pack_outputs(fun(*args, **kwargs), share, axes_of, dynamic)
-
-            return flat_function(split, body, name, transform, source)
-
+        make_flat = flat_functions(split, out_specs, share, self.name, self.transform, self.source)
         entry.make_flat = make_flat
         entry.flat = make_flat(None, structured=not out_specs.needs_evaluation)
         entry.call = entry.compiled = lambda *xs: sharding.run(entry)(*traced_numbers_as_arrays(list(xs)))

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from .._base.jax_compat import names_out_axes
-from .._core.boundary import Boundary, Split, flat_function
+from .._core.boundary import Boundary, Split, flat_functions
 from .._core.entry import Entry
 from .._core.caches import BoundedCache
 from .._core.errors import (
@@ -24,7 +24,7 @@ from .._core.errors import (
 )
 from .mapped import check_no_donate_spec, first_failing, traced_numbers_as_arrays
 from .._core.out_specs import OutAxes, config_key, resolve_by_evaluation
-from .._core.outputs import pack_outputs, unpack
+from .._core.outputs import unpack
 from .._core.placement import AXES
 from .._core.resolve import LeafResolver
 from .._core.roles import MODES, if_array
@@ -216,20 +216,8 @@ class _VmapWrapper(Wrapper):
         if plan.any_donated:
             path = next(p for p, d in zip(dynamic_paths(split.root, plan), plan.donate_mask) if d)
             raise donation_in_mapped_error(f"{path} is marked filtx.donate, but ")
-        out_axes, share = self._out_axes, self._share
-        split = split._replace(dynamic=None, root=None)  # keep no argument alive
-        source, name, transform = self.source, self.name, self.transform  # (and no wrapper)
-
-        def make_flat(prefix, structured: bool = True) -> Callable:
-            """The flat function whose outputs are packed for the out-axes tree
-            `prefix` (no callables in it), or in the flat form."""
-            axes_of = functools.partial(out_axes.per_leaf, prefix=prefix) if structured else None
-
-            def body(fun, args, kwargs, dynamic):
-                return pack_outputs(fun(*args, **kwargs), share, axes_of, dynamic)
-
-            return flat_function(split, body, name, transform, source)
-
+        out_axes = self._out_axes
+        make_flat = flat_functions(split, out_axes, self._share, self.name, self.transform, self.source)
         entry = _VmapEntry(None, plan, split.pattern)
         entry.make_flat = make_flat
         entry.flat = make_flat(None, structured=not out_axes.needs_evaluation)
