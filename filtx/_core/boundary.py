@@ -56,6 +56,8 @@ class Split(NamedTuple):
 
 
 _new_split = tuple.__new__  # `Split`s made per call: the NamedTuple's own __new__ is Python
+if len(Split._fields) != 8:  # the two `_new_split` sites in `Boundary` write all 8 fields out
+    raise ImportError("filtx: Split changed: update the _new_split sites in _core/boundary.py")
 
 
 class Boundary:

@@ -9,7 +9,7 @@ call ends; that guard is the only work they add.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from .donation import _hidden, hide_jax_warning, show_jax_warning
 from .._base.indexing import first_positions, getter
@@ -32,7 +32,7 @@ class Entry:
 
     def __init__(
         self, call: Callable, plan: Plan, pattern: tuple | None, lower: Callable | None = None,
-        donates: bool = False, trace: Callable | None = None,
+        donates: bool = False, trace: Callable | None = None, placements: tuple | None = None, out_form: Any = None,
     ):
         self.call = call if not donates else self._quietly  # call(*unique_dynamic)
         self.compiled = call
@@ -41,8 +41,8 @@ class Entry:
         self.take = None if pattern is None else getter(first_positions(pattern))
         self.lower = lower  # lower(*unique_dynamic), for ahead-of-time compilation
         self.trace = trace  # trace(*unique_dynamic), likewise
-        self.placements = None  # the sharding each unique value is placed at (for the error path), or None
-        self.out_form = None  # an `OutputForm` where calls may return their arrays alone (filter_jit)
+        self.placements = placements  # the sharding each unique value is placed at (for the error path), or None
+        self.out_form = out_form  # an `OutputForm` where calls may return their arrays alone (filter_jit)
 
     def _quietly(self, *dynamic):
         """The first calls of a donating entry, with JAX's unusable-donation warning

@@ -61,6 +61,12 @@ class Plan:
         self.axes = tuple(a for _, a in dynamic_rules) if with_axes else None
         self.merge = merge_getter(self.static_mask)
 
+    def mark_aliased(self) -> None:
+        """A call of this plan donated distinct arrays over one buffer, and JAX
+        refused it: from now on its calls check their buffers before running
+        (the one thing a plan learns from a call, besides `candidates`)."""
+        self.aliased = True
+
     def rebuild(self, statics: tuple, dynamic) -> Any:
         """The `(fun, args, kwargs)` root from its static and dynamic leaves."""
         return self.treedef.unflatten(self.merge(statics + tuple(dynamic)))

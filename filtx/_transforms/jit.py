@@ -83,7 +83,7 @@ class _JitWrapper(AheadOfTime, Wrapper):
         (`Boundary.prepare` with `check_buffers`) and called again."""
         if not split.checked and refused_aliasing(e):
             if len(set(map(id, dynamic))) == len(dynamic):  # distinct arrays over one buffer: check this plan's calls
-                split.plan.aliased = True  # (one object twice, a layout let through: the full path finds it by id)
+                split.plan.mark_aliased()  # (one object twice, a layout let through: the full path finds it by id)
             entry, dynamic, split = self._recheck(*split.root)
             return self._dispatch(entry.call, dynamic, split, entry)
         return super()._recover(e, dynamic, split, entry)
@@ -118,9 +118,8 @@ class _JitWrapper(AheadOfTime, Wrapper):
         entry = Entry(  # stages looked up when asked for (EQX_ON_ERROR=breakpoint swaps jax.jit for a function)
             under_mesh(jitted, mesh), plan, pattern, lower=lowering(under_mesh(lambda *d: jitted.lower(*d), mesh)),
             donates=bool(donate_argnums), trace=lowering(under_mesh(lambda *d: jitted.trace(*d), mesh)),
+            placements=placing.get("in_shardings"), out_form=form,
         )
-        entry.placements = placing.get("in_shardings")
-        entry.out_form = form
         if donate_argnums and any(map(is_ref, split.dynamic)):
             _beside_refs(entry, jitted, make, donate_argnums, mesh)
         return entry
