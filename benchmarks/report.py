@@ -6,6 +6,7 @@
     python benchmarks/report.py --save-data run.json   # keep the figures, then
     python benchmarks/report.py --from-data run.json   # rewrite page and plots only
     python benchmarks/report.py --only hosts           # one suite: its section and plot updated
+    python benchmarks/report.py --only pytrees         # likewise, any pytest-benchmark suite
 
 What it does:
 
@@ -55,7 +56,7 @@ import bench_hosts  # noqa: E402  (standard library only at import time)
 from _support import report_pages as pages  # noqa: E402
 from _support import report_plots as plots  # noqa: E402
 
-PYTEST_SUITES = ("dispatch", "vmap", "pmap", "share", "nnx", "sharding", "first_call")
+PYTEST_SUITES = ("dispatch", "pytrees", "vmap", "pmap", "share", "nnx", "sharding", "first_call")
 # pytest-benchmark's calibration, shortened for --quick (pedantic tests keep
 # their own fixed rounds).
 QUICK_PYTEST_OPTIONS = ("--benchmark-max-time=0.03", "--benchmark-min-rounds=3",
@@ -119,9 +120,10 @@ def backend() -> dict:
 #
 
 
-def run_pytest_suites(quick: bool, workdir: str) -> dict:
-    """The pytest-benchmark suites in one timed pytest run; returns the ratio
-    document's groups, the share-memory table, and how pytest ended."""
+def run_pytest_suites(quick: bool, workdir: str, suites: tuple = PYTEST_SUITES) -> dict:
+    """The pytest-benchmark suites (all, or `suites`) in one timed pytest run;
+    returns the ratio document's groups, the share-memory table, and how pytest
+    ended."""
     ratios_path = os.path.join(workdir, "ratios.json")
     env = dict(os.environ)
     env["FILTX_BENCH_RATIOS"] = ratios_path
@@ -132,7 +134,7 @@ def run_pytest_suites(quick: bool, workdir: str) -> dict:
         env.pop("FILTX_BENCH_QUICK", None)
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                "--benchmark-enable", "--rootdir", ROOT,
-               *[os.path.join(SUITES, f"bench_{s}.py") for s in PYTEST_SUITES]]
+               *[os.path.join(SUITES, f"bench_{s}.py") for s in suites]]
     if quick:
         command += QUICK_PYTEST_OPTIONS
     start = time.perf_counter()
@@ -208,6 +210,33 @@ def write_only_hosts(hosts: dict, output: str) -> str:
     return path
 
 
+def measure_suite(suite: str, quick: bool, log) -> dict:
+    """One pytest-benchmark suite alone (`--only SUITE`)."""
+    with tempfile.TemporaryDirectory(prefix="filtx-report-") as workdir:
+        log(f"pytest-benchmark suite: {suite}")
+        suites = run_pytest_suites(quick, workdir, (suite,))
+    log(f"pytest: {suites['summary']} (exit {suites['returncode']})")
+    return {"suite": suite, "suites": suites}
+
+
+def write_only_suite(data: dict, output: str) -> str:
+    """One pytest-benchmark suite's section of `<output>/benchmarks.md` (updated
+    in place, or added) and its plot; returns the page's path."""
+    suite, suites = data["suite"], data["suites"]
+    img = os.path.join(output, "img")
+    os.makedirs(img, exist_ok=True)
+    plots.plot_suite(suite, suites["groups"], img)
+    path = os.path.join(output, "benchmarks.md")
+    page = []
+    if os.path.exists(path):
+        with open(path) as f:
+            page = f.read().split("\n")
+    page = pages.replace_section(page, pages.suite_section(suite, suites["groups"], suites["share_memory"]))
+    with open(path, "w") as f:
+        f.write("\n".join(page))
+    return path
+
+
 def write(data: dict, output: str) -> str:
     """`<output>/benchmarks.md` and its plots under `<output>/img/`, from the
     figures `measure` returned; returns the page's path."""
@@ -253,7 +282,7 @@ def main(argv=None) -> int:
                         help="also write the measured figures to FILE (JSON)")
     parser.add_argument("--from-data", metavar="FILE",
                         help="measure nothing: rewrite the page and plots from a --save-data FILE")
-    parser.add_argument("--only", choices=("hosts",),
+    parser.add_argument("--only", choices=("hosts", *PYTEST_SUITES),
                         help="run one suite and update its section and plot in <output> (the rest stays)")
     args = parser.parse_args(argv)
     started = time.perf_counter()
@@ -263,11 +292,18 @@ def main(argv=None) -> int:
     if args.from_data:
         with open(args.from_data) as f:
             data = json.load(f)
+    elif args.only in PYTEST_SUITES:
+        data = measure_suite(args.only, args.quick, log)
     else:
         data = measure_hosts(args.quick, log) if only else measure(args.quick, log)
     if args.save_data:
         with open(args.save_data, "w") as f:
             json.dump(data, f, indent=1)
+    if "suite" in data:
+        log(f"wrote {write_only_suite(data, args.output)}")
+        if data["suites"]["returncode"] != 0:
+            print(data["suites"]["tail"], file=sys.stderr)
+        return 1 if data["suites"]["returncode"] != 0 else 0
     if only:
         log(f"wrote {write_only_hosts(data, args.output)}")
         if data["error"]:

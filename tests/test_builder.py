@@ -37,10 +37,9 @@ def structures():
     opt = optax.adam(1e-2).init(eqx.filter(mlp, eqx.is_inexact_array))
     return {
         "model-and-adam": (mlp, opt, 1.5),
-        "dicts-lists-none": {"b": [jnp.ones(2), None, (3, "s")], "a": Pair(jnp.zeros(1), {"z": 2})},
+        "dicts-lists-none": (WithNones(jnp.ones(2)), {"b": [jnp.ones(2), None, (3, "s")], "a": Pair(jnp.zeros(1), {"z": 2})}),
         "module-with-nones": WithNones(jnp.ones(2)),
         "nested-modules": (eqx.nn.Linear(2, 2, key=jax.random.PRNGKey(1)), [mlp, mlp]),
-        "empty": (),
     }
 
 
@@ -56,6 +55,16 @@ def test_the_builder_builds_what_unflatten_builds(name):
     for a, b in zip(jax.tree_util.tree_leaves(ours), jax.tree_util.tree_leaves(theirs)):
         assert a is b
     assert jax.tree_util.tree_structure(ours) == treedef
+
+
+def test_containers_alone_keep_unflatten():
+    """Without a Module, JAX's C++ unflatten builds dicts, lists, tuples and
+    namedtuples faster than generated Python: no builder is made."""
+    params = {"layer0": {"w": jnp.ones((2, 2)), "b": jnp.zeros(2)}}
+    for tree in ({"b": [jnp.ones(2), None, (3, "s")], "a": Pair(jnp.zeros(1), {"z": 2})}, (),
+                 (params, optax.adam(1e-2).init(params))):
+        leaves, treedef = jax.tree_util.tree_flatten(tree)
+        assert make_builder(treedef, leaves) is None
 
 
 def test_a_custom_node_keeps_unflatten():

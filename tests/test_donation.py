@@ -332,3 +332,23 @@ def test_one_donate_mode_type_for_every_transform():
             assert typing.get_type_hints(overload)["donate"] == DonateMode, transform
         assert inspect.signature(transform).parameters["donate"].default == "none"
     assert '"strict"' in filtx.filter_jit.__doc__
+
+
+def test_whether_a_donating_call_stands_on_one_device_each():
+    """`single_device_call` decides whether JAX's runtime may be left to refuse an
+    aliased donation (one device each) or filtx checks buffers first (several)."""
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+    from filtx._fastpath.buffers import single_device_call
+
+    every = lambda xs: list(xs)  # noqa: E731
+    uncommitted = [jnp.ones(2) + 1 for _ in range(3)]
+    mesh = jax.make_mesh((2,), ("d",), axis_types=(AxisType.Explicit,), devices=jax.devices()[:2])
+    sharded = jax.device_put(jnp.ones(4), NamedSharding(mesh, P("d")))
+    pinned = jax.device_put(jnp.ones(2), jax.devices()[1])
+    assert single_device_call(every, uncommitted)
+    assert single_device_call(every, [np.ones(2), *uncommitted])  # NumPy arrays are copied in
+    assert single_device_call(every, [np.ones(2)])
+    assert single_device_call(every, [pinned, *uncommitted])
+    assert not single_device_call(every, [sharded, *uncommitted])
+    assert not single_device_call(every, [*uncommitted, np.ones(2), sharded])

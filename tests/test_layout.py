@@ -70,10 +70,26 @@ def test_what_changes_between_calls_takes_the_full_path_with_its_own_result(take
         np.testing.assert_array_equal(g(tup, x, n), np.arange(3.0) * n * 2)
     # The static value, the array's type and the number's type each changed: each of
     # those calls took the full path, with its own result (above).
-    assert f._boundary.layout is None  # a dict argument: no layout
+    assert f._boundary.layout.template is None  # a dict argument: a layout that lays out nothing
     # g's calls: a layout from the second call on; each later call changed one thing,
     # so the layout refused each (and was made again): no call was laid out wrongly.
     assert g._boundary.layout is not None and takes == [False, False, False]
+
+
+def test_calls_no_layout_can_lay_out_try_one_after_1_2_4_8_of_them(monkeypatch):
+    """A dict argument: trying to lay out every call would cost a walk over the
+    arguments, per leaf, for nothing; the tries thin out as such calls repeat."""
+    import filtx._core.boundary as boundary
+
+    tries = []
+    make = boundary.make_layout
+    monkeypatch.setattr(boundary, "make_layout", lambda *a: tries.append(1) or make(*a))
+    f = filtx.filter_jit(lambda params, x: {k: v * x for k, v in params.items()}, donate="arrays")
+    params = {"w": jnp.ones(3), "b": jnp.zeros(3)}
+    for _ in range(64):
+        params = f(params, 2.0)
+    np.testing.assert_array_equal(params["w"], 2.0**64)
+    assert 3 <= len(tries) <= 8, len(tries)
 
 
 def test_a_layout_keeps_no_argument_alive():

@@ -87,7 +87,7 @@ def test_quick_report(tmp_path):
 
     # Every suite's groups made it into a table.
     suite_rows = [row for header, rows in parsed if header[:1] == ["group"] for row in rows]
-    for suite in ("dispatch", "vmap", "pmap", "share", "nnx", "sharding", "first_call"):
+    for suite in ("dispatch", "pytrees", "vmap", "pmap", "share", "nnx", "sharding", "first_call"):
         assert any(row[0].startswith(f"`{suite}/") for row in suite_rows), suite
     for prefix in ("`dispatch/inference-loop-", "`first_call/transformer-", "`first_call/mlp-"):
         assert any(row[0].startswith(prefix) for row in suite_rows), prefix

@@ -13,6 +13,7 @@ from _support import ratios
 
 SUITE_TITLES = {
     "dispatch": "Dispatch overhead (`suites/bench_dispatch.py`)",
+    "pytrees": "Plain pytrees: dicts, lists, optax states (`suites/bench_pytrees.py`)",
     "vmap": "filter_vmap (`suites/bench_vmap.py`)",
     "pmap": "filter_pmap on 8 virtual CPU devices (`suites/bench_pmap.py`)",
     "share": "Shared leaves, `share=True` (`suites/bench_share.py`)",
@@ -165,6 +166,13 @@ def suite_section(suite: str, groups: dict, share_memory: dict | None) -> list[s
     mine = {name: g for name, g in groups.items() if g.get("suite") == suite}
     if not mine:
         return lines + ["Not measured in this run (see the failures below).", ""]
+    if suite == "pytrees":
+        lines += ["Containers that flatten in C++ and cannot be held weakly (dicts, lists, "
+                  "optax states): filtx reuses nothing of an earlier call, and every call takes "
+                  "its full path. The baseline is **the floor**, what any Python-level transform "
+                  "does at least: flatten the arguments, one compiled call over the flat leaves, "
+                  "unflatten the outputs. `benchmarks/README.md` says where the rest of the time "
+                  "goes.", ""]
     if suite == "first_call":
         lines += ["Each round builds a new training step (one gradient and one Adam update, "
                   "model and optimiser state donated), a function no cache has seen, and times "

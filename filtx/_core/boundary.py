@@ -32,7 +32,7 @@ from .entry import Entry
 from .eqx_errors import MARKER, note_trace
 from .explain import CallSignature, explain_new_avals, explain_new_entry, explaining
 from .._base.indexing import first_positions, getter
-from .._fastpath.layout import Layout, make as make_layout
+from .._fastpath.layout import Layout, make as make_layout, refused as refused_layout
 from .mutation import warn_if_changed
 from .outputs import pack_outputs, parts
 from .plan import Plan, canonical_plan, static_types_of
@@ -56,7 +56,7 @@ class Split(NamedTuple):
 
 
 _new_split = tuple.__new__  # `Split`s made per call: the NamedTuple's own __new__ is Python
-if len(Split._fields) != 8:  # the two `_new_split` sites in `Boundary` write all 8 fields out
+if len(Split._fields) != 8:  # the `_new_split` sites in `Boundary` write all 8 fields out
     raise ImportError("filtx: Split changed: update the _new_split sites in _core/boundary.py")
 
 
@@ -103,7 +103,7 @@ class Boundary:
         immutable objects passed (see `_fastpath.reuse`)."""
         if kwargs and self.resolver.specs.needs_binding(kwargs):
             args, kwargs = self.resolver.specs.bind(args, kwargs)
-        reused = reuse and self.records and slotted(self.records, args)
+        reused = reuse and self.records.items and slotted(self.records, args)  # (a dict: no Python __bool__)
         if reused:
             leaves, key, types = self._reused_leaves(fun, args, kwargs, reused)
             reused = reused[1]
@@ -118,8 +118,11 @@ class Boundary:
             self.records.passed(plan.candidates, args, leaves, types)
         if plan.deferred is not None:
             plan = plan.variant(leaves, (fun, args, kwargs))
-        statics = tuple(compress(leaves, plan.static_mask))
-        dynamic = list(compress(leaves, plan.dynamic_mask))
+        k = plan.static_prefix
+        if k is not None:
+            statics, dynamic = tuple(leaves[:k]), leaves[k:]
+        else:
+            statics, dynamic = tuple(compress(leaves, plan.static_mask)), list(compress(leaves, plan.dynamic_mask))
         pattern = None
         if plan.any_donated:
             if not top_level():  # traced by another transformation: nothing to donate
@@ -132,12 +135,12 @@ class Boundary:
             ):
                 # One device, no object twice: JAX's runtime refuses distinct array
                 # objects over one buffer before running, and dispatch splits again.
-                return Split(plan, statics, dynamic, None, (fun, args, kwargs), False, reused)
+                return _new_split(Split, (plan, statics, dynamic, None, (fun, args, kwargs), False, reused, None))
             else:
                 return self._donation_split(plan, statics, dynamic, (fun, args, kwargs), reused)
         if self.share:
             pattern = _share.shared_pattern(list(map(id, dynamic)), plan.axes)
-        return Split(plan, statics, dynamic, pattern, (fun, args, kwargs), True, reused)
+        return _new_split(Split, (plan, statics, dynamic, pattern, (fun, args, kwargs), True, reused, None))
 
     def _donation_split(self, plan: Plan, statics: tuple, dynamic: list, root: tuple, reused=None) -> Split:
         """A donated buffer standing at several positions (as one object, or as
@@ -162,7 +165,7 @@ class Boundary:
             pattern = _share.shared_pattern(keys, plan.axes)
         else:
             pattern = _share.donation_pattern(keys, plan.donate_mask)
-        return Split(plan, statics, dynamic, pattern, root, True, reused, beside)
+        return _new_split(Split, (plan, statics, dynamic, pattern, root, True, reused, beside))
 
     def _reused_leaves(self, fun, args: tuple, kwargs: dict, reused: tuple) -> tuple:
         return spliced_leaves(self.slots, (fun, args, kwargs), *reused)
@@ -215,9 +218,11 @@ class Boundary:
             if plan is self.last_plan and (
                 layout is None or layout.plan is not plan or layout.entry is not entry or layout.due()
             ):
-                self.layout = made = make_layout(fun, args, split.reused, split, entry, reuse)
-                if made is not None:
-                    made.succeed(layout)
+                made = make_layout(fun, args, split.reused, split, entry, reuse)
+                if made is None:  # (a dict or list argument): tried again after 1, 2, 4, 8... calls
+                    made = refused_layout(reuse, split, entry)
+                made.succeed(layout)
+                self.layout = made
             self.last_plan = plan
         return entry, dynamic, split
 

@@ -89,6 +89,8 @@ class OutputInfo:
     def _second_build(self, leaves) -> Any:
         builder = make_builder(self.treedef, leaves) if self.treedef.num_nodes > 1 else None
         self.unflatten = builder or self.treedef.unflatten
+        if self.build == self._build and self.direct and self.take is None:
+            self.build = self.unflatten  # the arrays are the leaves: no Python frame between
         return self.unflatten(leaves)
 
     def leaves(self, arrays):

@@ -32,7 +32,8 @@ class Plan:
     __slots__ = (
         "treedef", "rules", "with_axes", "canonical", "entries", "deferred", "variants",
         "static_mask", "dynamic_mask", "roles", "donate_mask", "kept_mask", "any_donated",
-        "axes", "merge", "lock", "static_types", "_undonated", "aliased", "candidates", "donated", "__weakref__",
+        "axes", "merge", "lock", "static_types", "_undonated", "aliased", "candidates", "donated", "static_prefix",
+        "__weakref__",
     )
 
     def __init__(self, treedef, rules: list, with_axes: bool, canonical: dict, static_types: tuple = ()):
@@ -60,6 +61,10 @@ class Plan:
         self.donated = getter(i for i, d in enumerate(self.donate_mask) if d)  # dynamic leaves -> the donated ones
         self.axes = tuple(a for _, a in dynamic_rules) if with_axes else None
         self.merge = merge_getter(self.static_mask)
+        # where the static leaves are the first k (the function's, as a rule), k:
+        # a call's leaves are cut in two by slicing (C) rather than compressed
+        k = self.static_mask.index(False) if False in self.static_mask else len(self.static_mask)
+        self.static_prefix = k if not any(self.static_mask[k:]) else None
 
     def mark_aliased(self) -> None:
         """A call of this plan donated distinct arrays over one buffer, and JAX

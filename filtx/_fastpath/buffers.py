@@ -44,15 +44,17 @@ def single_device_call(donated: Callable, dynamic: list) -> bool:
     if _single_device_process[0]:
         return True
     picked = donated(dynamic)
-    first = next((x for x in picked if type(x) is _ARRAY), None)  # NumPy arrays out
-    if first is None:
-        return True
+    try:  # one C-level pass where all are jax.Arrays (arrays a step returned: uncommitted)
+        if not any(map(_committed, picked)):
+            return True
+    except AttributeError:  # NumPy arrays among them: copied in, never aliased
+        picked = [x for x in picked if type(x) is _ARRAY]
+        if not any(map(_committed, picked)):
+            return True
+    first = next(x for x in picked if type(x) is _ARRAY)
     if _committed(first):  # the others committed to its devices (or JAX refuses the call)
         return type(first.sharding) is SingleDeviceSharding
-    arrays = [x for x in picked if type(x) is _ARRAY]
-    if not any(map(_committed, arrays)):
-        return True
-    return all(type(s) is SingleDeviceSharding for s in map(_sharding, arrays))
+    return all(type(s) is SingleDeviceSharding for s in map(_sharding, picked))
 
 
 # jax.Array's implementation (`isinstance(x, jax.Array)` is slow: an ABC check)

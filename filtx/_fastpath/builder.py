@@ -12,7 +12,10 @@ taken from it), as Equinox's own unflatten does, but without a call through
 JAX and Equinox per node: 0.7-0.85x the time of `treedef.unflatten` on the
 Adam loop's model and optimiser state (`benchmarks/step_parts.py`), with the
 same objects (a Module keeps its fields inline, as Equinox leaves it: no more
-objects for the garbage collector to scan). The function is checked once
+objects for the garbage collector to scan). A structure without a Module
+(dicts, lists, tuples, namedtuples: an optax state over dict parameters) keeps
+`treedef.unflatten`, which builds those in C++ faster than Python can (2.84
+against 3.24 µs at 31 leaves). The function is checked once
 against `treedef.unflatten` on real leaves: every node of the
 same type, every Module's `__dict__` the same keys in the same order holding
 the very same objects. A structure with any other kind of node (a custom
@@ -84,12 +87,14 @@ def make_builder(treedef, leaves: list) -> Callable[[Any], Any] | None:
                 return None
             return f"{name_for(typ)}({', '.join(items)})"
         if isinstance(typ, type) and _is_module(typ) and type(obj) is typ and not _slotted(typ):
+            modules[0] += 1
             return _emit_module(td, obj, children, emit, name_for, lines)
         return None
 
+    modules = [0]
     expression = emit(treedef, reference)
-    if expression is None:
-        return None
+    if expression is None or not modules[0]:
+        return None  # (containers alone: JAX's C++ unflatten builds them faster)
     source = "def build(L):\n" + "".join(f"    {line}\n" for line in lines) + f"    return {expression}\n"
     try:
         exec(compile(source, "<filtx output builder>", "exec"), names)
