@@ -39,8 +39,11 @@ owns, its words, and what it may import.
     differ across devices
 - `_transforms/`: the transforms and what they share
   - `jit`, `vmap`, `pmap`, `shard_map`, `shard`: the transforms
-  - `wrapper`: what every wrapper shares (decorators, binding, equality, dispatch,
-    and what a failed call raises)
+  - `wrapper`: what every wrapper shares: the one call template (`__call__`,
+    which each transform fills in with `_build` and, where it explains failures,
+    `_recover`), binding, equality, and what a failed call raises
+  - `options`: each transform's options as one frozen dataclass (the option
+    check, the decorator form, equality, what pickling and `replace` carry)
   - `lowering`: the ahead-of-time stages (`.trace`, `.lower`, `.eval_shape`, `.clear_cache`)
   - `export`: `jax.export` over whole pytrees, and `call_exported`
   - `pickling`: wrappers pickled as the public call that made them

@@ -55,6 +55,9 @@ def test_the_builder_builds_what_unflatten_builds(name):
     for a, b in zip(jax.tree_util.tree_leaves(ours), jax.tree_util.tree_leaves(theirs)):
         assert a is b
     assert jax.tree_util.tree_structure(ours) == treedef
+    import inspect
+
+    assert inspect.getsource(build).startswith("def build(L):")  # its code is there to read
 
 
 def test_containers_alone_keep_unflatten():

@@ -60,6 +60,22 @@ def test_a_rollout_is_laid_out_from_its_third_call(takes):
     assert takes == [True] * 4 and step.traces == 1
 
 
+def test_a_layouts_code_is_there_to_read_and_step_through():
+    """The checks a layout writes are compiled with their source registered:
+    `inspect.getsource`, a traceback and a debugger show them."""
+    import inspect
+
+    cell = eqx.nn.GRUCell(4, 8, key=jax.random.PRNGKey(0))
+    f = filtx.filter_jit(lambda cell, x, h: cell(x, h))
+    h, x = jnp.zeros(8), jnp.ones(4)
+    for _ in range(3):
+        h = f(cell, x, h)
+    take = f._boundary.layout.take
+    source = inspect.getsource(take)
+    assert source.startswith("def take(fun, args, records):") and "return d" in source
+    assert take.__code__.co_filename.startswith("<filtx layout ")
+
+
 def test_what_changes_between_calls_takes_the_full_path_with_its_own_result(takes):
     f = filtx.filter_jit(lambda model, x, n: model["w"] * x * n)
     model = {"w": jnp.arange(3.0)}  # a dict: checked by no layout, flattened every call

@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 import jax
 
+from .._base.generated import compile_function
 from .._base.nodes import is_equinox_module as _is_module, is_namedtuple as _is_namedtuple
 
 __all__: list[str] = []
@@ -97,10 +98,9 @@ def make_builder(treedef, leaves: list) -> Callable[[Any], Any] | None:
         return None  # (containers alone: JAX's C++ unflatten builds them faster)
     source = "def build(L):\n" + "".join(f"    {line}\n" for line in lines) + f"    return {expression}\n"
     try:
-        exec(compile(source, "<filtx output builder>", "exec"), names)
+        build = compile_function(source, "build", names, "output builder")
     except Exception:  # pragma: no cover - a structure the generator did not foresee
         return None
-    build = names["build"]
     try:
         built = build(list(leaves))
     except Exception:

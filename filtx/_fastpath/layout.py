@@ -39,6 +39,7 @@ from typing import Any, Callable
 import jax
 
 from .._base.arrays import is_array
+from .._base.generated import compile_function
 from .._base.indexing import getter
 from .._base.nodes import MAX_DEPTH, MAX_WIDTH, all_immutable as _immutable, is_tuple_node as _is_tuple_node
 
@@ -162,8 +163,7 @@ def _take_function(
     if took is not None and any(step[0] is _SAME for step in steps):
         lines.append("TOOK[0] = True")
     source = "def take(fun, args, records):\n" + "".join(f"    {line}\n" for line in lines) + "    return d\n"
-    exec(compile(source, "<filtx layout>", "exec"), names)
-    return names["take"]
+    return compile_function(source, "take", names, "layout")
 
 
 def make(fun: Any, args: tuple, reused: list | None, split, entry, reuse: bool) -> Layout | None:
