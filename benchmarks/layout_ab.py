@@ -131,9 +131,12 @@ def measure(row: dict, rounds: int) -> tuple[float, float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("rows", nargs="*", default=list(ROWS), choices=list(ROWS))
+    parser.add_argument("rows", nargs="*", default=list(ROWS), help=f"any of {', '.join(ROWS)}")
     parser.add_argument("--rounds", type=int, default=11)
     args = parser.parse_args()
+    unknown = [r for r in args.rows if r not in ROWS]
+    if unknown:
+        parser.error(f"unknown rows {unknown}: choose from {', '.join(ROWS)}")
     print(f"jax {jax.__version__}, {jax.device_count()} devices; {args.rounds} rounds, median of per-round ratios")
     print("| row | with layout, ms per loop | without | without / with |")
     print("|---|---:|---:|---:|")
