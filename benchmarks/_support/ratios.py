@@ -157,8 +157,9 @@ def timing_on(config) -> bool:
 
 def quick() -> bool:
     """Whether `FILTX_BENCH_QUICK=1` (set by `report.py --quick`) asks for small
-    sizes or fewer rounds. Only `bench_first_call.py` (whose full sizes take
-    minutes) and the dispatch suite's inference loop read it; the rest keep
+    sizes or fewer rounds. Only `bench_first_call.py` and `bench_pytrees.py`
+    (whose full sizes take minutes) and the dispatch suite's inference loop
+    read it; the rest keep
     their sizes and fixed rounds, and only get a shorter calibration from the
     report."""
     return os.environ.get(ENV_QUICK, "") in ("1", "true", "yes")

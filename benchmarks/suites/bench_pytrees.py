@@ -24,6 +24,8 @@ round-robin (`_support/interleave.py`):
   Equinox's `donate="all-except-first"`), the parameters donated.
 
 Each round starts from fresh copies of the state (made in its untimed setup).
+Under `FILTX_BENCH_QUICK=1` (`report.py --quick`): 3 rounds, 10 and 100
+leaves, and a flat dict of 1,000.
 Under `--benchmark-disable` each body runs once, at 10 parameter leaves and on
 a flat dict of 100 (a smoke test).
 """
@@ -47,11 +49,12 @@ import filtx
 SUITE = "pytrees"
 BASELINE = "floor"
 VARIANTS = ("floor", "jax.jit", "filtx", "eqx")
-ADAM_LEAVES = (10, 100, 1000)
+# `report.py --quick` (FILTX_BENCH_QUICK=1) keeps to the sizes that compile in seconds
+ADAM_LEAVES = (10, 100) if ratios.quick() else (10, 100, 1000)
 MODES = ("donate", "none")
 STEPS = {10: 100, 100: 100, 1000: 20}
 ROUNDS, QUICK_ROUNDS = 9, 3
-FLAT_LEAVES, FLAT_STEPS = 10_000, 5
+FLAT_LEAVES, FLAT_STEPS = (1_000 if ratios.quick() else 10_000), 5
 BATCH_LEAVES, BATCH = 100, 8
 SMOKE_STEPS, SMOKE_LEAVES, SMOKE_FLAT = 2, 10, 100  # under --benchmark-disable, at every size
 OPT = optax.adam(1e-3)
@@ -258,7 +261,7 @@ def test_list_batch(benchmark, smoke, variant):
 TARGETS = [
     (adam_group(10, "donate"), "filtx", BASELINE, 1.10),
     (adam_group(10, "none"), "filtx", BASELINE, 1.10),
-    *[(adam_group(n, m), "filtx", BASELINE, 1.05) for n in (100, 1000) for m in MODES],
+    *[(adam_group(n, m), "filtx", BASELINE, 1.05) for n in ADAM_LEAVES[1:] for m in MODES],
     (FLAT_GROUP, "filtx", BASELINE, 1.05),
     *[(adam_group(n, m), "filtx", "eqx", 1.0) for n in ADAM_LEAVES for m in MODES],
 ]
