@@ -41,7 +41,9 @@ from _support import devices  # noqa: E402
 
 devices.ensure_virtual_devices()
 
+import equinox as eqx  # noqa: E402
 import jax  # noqa: E402
+import optax  # noqa: E402
 
 import bench_dispatch as bd  # noqa: E402
 from _support import models  # noqa: E402
@@ -67,13 +69,9 @@ def inference_row(leaves: int):
 
 
 def adam_row(leaves: int):
-    import optax
-
     optim = optax.adam(1e-3)
     step = models.make_train_step(optim)
     model = bd.train_model(False, leaves)
-    import equinox as eqx
-
     state = (model, optim.init(eqx.filter(model, eqx.is_inexact_array)))
     batches = models.regression_batches(4, bd.TRAIN_BATCH, model.in_size, model.out_size)
     wrappers = pair(lambda: filtx.filter_jit(step, donate="arrays"))
@@ -82,8 +80,6 @@ def adam_row(leaves: int):
 
 
 def gru_row():
-    import equinox as eqx
-
     cell = eqx.nn.GRUCell(**bd.GRU, key=jax.random.key(0))
     h0, xs = bd.gru_inputs()
     wrappers = pair(lambda: filtx.filter_jit(bd.gru_step))

@@ -256,7 +256,7 @@ class Boundary:
             return _new_split(Split, (plan, statics, dynamic, None, root, False, None, None))
         if len(set(map(id, dynamic))) != len(dynamic):
             return None
-        found = self.records and slotted(self.records, root[1])
+        found = self.records.items and slotted(self.records, root[1])
         split = self._donation_split(plan, statics, dynamic, root, found[1] if found else None)
         return split if split.pattern is None and split.plan is plan else None
 

@@ -63,8 +63,8 @@ class Plan:
         self.merge = merge_getter(self.static_mask)
         # where the static leaves are the first k (the function's, as a rule), k:
         # a call's leaves are cut in two by slicing (C) rather than compressed
-        k = self.static_mask.index(False) if False in self.static_mask else len(self.static_mask)
-        self.static_prefix = k if not any(self.static_mask[k:]) else None
+        k = self.static_mask.count(True)
+        self.static_prefix = k if all(self.static_mask[:k]) else None
 
     def mark_aliased(self) -> None:
         """A call of this plan donated distinct arrays over one buffer, and JAX

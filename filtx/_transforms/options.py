@@ -70,11 +70,13 @@ class Options:
     def __post_init__(self) -> None:
         own = ["fun", *self.names()]
         check_options(self.transform, own, self.passthrough, self.extra, self.owned)
-        self.check()
         object.__setattr__(self, "extra", dict(self.extra))
-        self._set_key()
+        self._settle()
 
-    def _set_key(self) -> None:
+    def _settle(self) -> None:
+        """The subclass's checks and derived fields, then the key (when made, and
+        when unpickled)."""
+        self.check()
         items = tuple((name, freeze(value)) for name, value in self.kwargs().items())
         object.__setattr__(self, "key", (type(self), items))
 
@@ -128,5 +130,4 @@ class Options:
     def __setstate__(self, state: dict) -> None:
         for name, value in state.items():
             object.__setattr__(self, name, value)
-        self.check()
-        self._set_key()
+        self._settle()

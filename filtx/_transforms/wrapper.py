@@ -1,7 +1,7 @@
-"""What every transform wrapper shares: the decorator forms, option validation,
-naming, binding as a method, equality and hashing, copying, the wrapper as a
-pytree (so a wrapped Module's arrays are traced by an enclosing transform), and
-dispatch to a compiled entry and what a failed call raises.
+"""What every transform wrapper shares: the one call template, naming, binding
+as a method, equality and hashing (from its `Options`), copying, the wrapper as
+a pytree (so a wrapped Module's arrays are traced by an enclosing transform),
+and what a failed call raises.
 """
 
 from __future__ import annotations
@@ -54,10 +54,11 @@ def _name(fun: Any) -> str:
 
 
 class Wrapper:
-    """The base of every transform's wrapper. Subclasses set `transform` and
-    implement `__call__`; `options` is the transform's `Options` (everything
-    besides the function that decides how a call is handled); the factory that
-    made the wrapper is set by `Options.wrap`."""
+    """The base of every transform's wrapper. Subclasses set `transform`, make
+    `_boundary` and implement `_build` (and `_recover` where they explain a
+    failure); `__call__` is the same for all. `options` is the transform's
+    `Options` (everything besides the function that decides how a call is
+    handled); the factory that made the wrapper is set by `Options.wrap`."""
 
     transform = "transform"
     _factory: Callable
