@@ -37,6 +37,8 @@ Two probes say why figures differ, each in one fresh process:
 
     python benchmarks/compare_stability.py --first 256   # a loop from fresh copies against one that goes on
     python benchmarks/compare_stability.py --why 256     # the allocator's peak under donation, five ways
+
+and `--rules FILE...` reads saved runs with other range rules.
 """
 
 from __future__ import annotations
@@ -269,6 +271,45 @@ def _run(args: list[str], what: str, timeout: float) -> dict:
     return out
 
 
+def spread_rule(scale: float):
+    """A candidate range for `--rules`: the median give or take `scale` times
+    the rounds' own spread (their interquartile range over 1.349, a standard
+    deviation for a normal spread), and at least 5 %."""
+    import numpy as np
+
+    def rule(times):
+        times = np.asarray(times, dtype=float)
+        median = float(np.median(times))
+        upper, lower = np.percentile(times, [75, 25])
+        half = max(0.05 * median, scale * (upper - lower) / 1.349)
+        return median - half, median + half
+
+    return rule
+
+
+def rules(paths: list[str]) -> None:
+    """`--rules FILE...`: how other range rules would have done on saved runs:
+    per rule, in how many runs the loop lay inside, and in how many (size,
+    mode) sets both the inside and the width targets were met."""
+    from filtx._tools.compare import time_range
+
+    candidates = {"today's rule": time_range, **{f"median +- {k} x spread": spread_rule(k) for k in (0.5, 1.0, 1.5)}}
+    sets = [(path, mb, mode, result["runs"]) for path in paths for mb, result in json.load(open(path)).items()
+            for mode in MODES]
+    print("| rule | loop inside the range | sets meeting both targets |\n|---|---:|---:|")
+    for name, rule in candidates.items():
+        inside = runs_total = met = 0
+        for _, _, mode, runs in sets:
+            rows = [r["rows"][mode] for r in runs]
+            loops = [row["loop"] for row in rows]
+            allowed = (max(loops) - min(loops)) + 0.1 * statistics.median(loops)
+            ranges = [rule(row["rounds"]) for row in rows]
+            here = sum(low <= row["loop"] <= high for (low, high), row in zip(ranges, rows))
+            inside, runs_total = inside + here, runs_total + len(rows)
+            met += here == len(rows) and max(high - low for low, high in ranges) <= allowed
+        print(f"| {name} | {inside}/{runs_total} | {met}/{len(sets)} |")
+
+
 def checks(runs: list[dict], mode: str) -> dict:
     """One mode's figures over one size's runs: the loop's figures, the width
     allowed, in how many runs the loop lies inside the range, the widest range,
@@ -447,6 +488,8 @@ if __name__ == "__main__":
         print(json.dumps(probe_worker(float(sys.argv[2]), sys.argv[3])), flush=True)
     elif len(sys.argv) >= 3 and sys.argv[1] == "--report":
         report(sys.argv[2:], os.path.join(os.path.dirname(HERE), "docs", "benchmarks.md"))
+    elif len(sys.argv) >= 3 and sys.argv[1] == "--rules":
+        rules(sys.argv[2:])
     elif len(sys.argv) == 3 and sys.argv[1] == "--first":
         print(json.dumps(first_worker(float(sys.argv[2]))), flush=True)
     elif len(sys.argv) == 3 and sys.argv[1] == "--why":
