@@ -115,14 +115,16 @@ class _JitWrapper(AheadOfTime, Wrapper):
             return jax.jit(flat, donate_argnums=argnums, **placing, **self._jitkwargs)
 
         jitted = make(donate_argnums)
-        entry = Entry(  # stages looked up when asked for (EQX_ON_ERROR=breakpoint swaps jax.jit for a function)
-            under_mesh(jitted, mesh), plan, pattern, lower=lowering(under_mesh(lambda *d: jitted.lower(*d), mesh)),
-            donates=bool(donate_argnums), trace=lowering(under_mesh(lambda *d: jitted.trace(*d), mesh)),
+        if donate_argnums and any(map(is_ref, split.dynamic)):
+            beside = _BesideRefs(jitted, make, donate_argnums)
+            call, pick = beside, beside.decide
+        else:
+            call, pick = jitted, lambda dynamic: jitted
+        return Entry(  # stages looked up when asked for (EQX_ON_ERROR=breakpoint swaps jax.jit for a function)
+            under_mesh(call, mesh), plan, pattern, lower=lowering(under_mesh(lambda *d: pick(d).lower(*d), mesh)),
+            donates=bool(donate_argnums), trace=lowering(under_mesh(lambda *d: pick(d).trace(*d), mesh)),
             placements=placing.get("in_shardings"), out_form=form,
         )
-        if donate_argnums and any(map(is_ref, split.dynamic)):
-            _beside_refs(entry, jitted, make, donate_argnums, mesh)
-        return entry
 
     def _in_shardings(self, split: Split) -> tuple:
         """The sharding of every unique dynamic value, checked on this call's leaves."""
@@ -134,29 +136,30 @@ class _JitWrapper(AheadOfTime, Wrapper):
         return tuple(placed(v, self._mesh, p, x) for v, p, x in zip(values, paths, leaves))
 
 
-def _beside_refs(entry: Entry, jitted: Callable, make: Callable, donate_argnums: tuple, mesh: Any) -> None:
-    """A donating signature with `jax.Ref`s among its leaves: its first call (or
-    `.trace`, `.lower`) traces, then keeps only the donations JAX can compile next to the
-    Refs (`donations_beside_refs`), once per signature. JAX's trace cache serves
-    the final jit, so the function is traced once; later calls go straight to it."""
-    final: list = []
+class _BesideRefs:
+    """The compiled call of a donating signature with `jax.Ref`s among its
+    leaves: its first call (or `.trace`, `.lower`) traces, then keeps only the
+    donations JAX can compile next to the Refs (`donations_beside_refs`), once
+    per signature; every call goes to the jit it decided on. JAX's trace cache
+    serves that jit, so the function is traced once."""
 
-    def decide(dynamic: tuple) -> Callable:
-        if not final:  # (EQX_ON_ERROR=breakpoint wraps jax.jit in a function without .trace)
+    __slots__ = ("jitted", "make", "donate_argnums", "final", "__weakref__")
+
+    def __init__(self, jitted: Callable, make: Callable, donate_argnums: tuple):
+        self.jitted, self.make, self.donate_argnums = jitted, make, donate_argnums
+        self.final: Callable | None = None
+
+    def decide(self, dynamic: tuple) -> Callable:
+        if self.final is None:  # (EQX_ON_ERROR=breakpoint wraps jax.jit in a function without .trace)
+            jitted = self.jitted
             traced = jitted.trace(*dynamic) if hasattr(jitted, "trace") else None
             out_avals = [] if traced is None else jax.tree_util.tree_leaves(traced.out_info)
-            kept = donations_beside_refs(list(dynamic), out_avals, donate_argnums)
-            final.append(jitted if kept == donate_argnums else make(kept))
-        return final[0]
+            kept = donations_beside_refs(list(dynamic), out_avals, self.donate_argnums)
+            self.final = jitted if kept == self.donate_argnums else self.make(kept)
+        return self.final
 
-    def first_call(*dynamic):
-        call = decide(dynamic)
-        entry.compiled = under_mesh(call, mesh)
-        return call(*dynamic)
-
-    entry.compiled = under_mesh(first_call, mesh)
-    entry.lower = lowering(under_mesh(lambda *d: decide(d).lower(*d), mesh))
-    entry.trace = lowering(under_mesh(lambda *d: decide(d).trace(*d), mesh))
+    def __call__(self, *dynamic):
+        return (self.final or self.decide(dynamic))(*dynamic)
 
 
 def _placed_outputs(out: Any, out_shardings: OutAxes, mesh: Any) -> Any:

@@ -50,7 +50,26 @@ def _out_spec(value: Any) -> PartitionSpec:
 
 
 class _ShardMapEntry(Entry):
+    """Per (static leaves, sharing pattern): the in specs of the unique values
+    (`placed`: where each is put, None for a Ref, taken where it is), the flat
+    function per out-specs tree, the trees resolved per input signature, and
+    the `PerShard` run per mesh, made at the first call on that mesh (what the
+    entry learns at run time). Its calls go to `sharding.run` (an entry is
+    shared by every wrapper with the same code and options, so it holds that,
+    never a wrapper)."""
+
     __slots__ = ("make_flat", "flat", "specs", "placed", "resolved", "runs")
+
+    def __init__(self, plan: Any, pattern: tuple | None, specs: tuple, placed: tuple, make_flat: Callable,
+                 flat: Callable, sharding: _Sharding):
+        super().__init__(None, plan, pattern)
+        self.specs, self.placed, self.make_flat, self.flat = specs, placed, make_flat, flat
+        self.resolved = BoundedCache()
+        self.runs: dict = {}
+        run = sharding.run
+        self.call = self.compiled = lambda *xs: run(self)(*traced_numbers_as_arrays(list(xs)))
+        self.lower = lowering(lambda *xs: run(self).lower(*traced_numbers_as_arrays(list(xs))))
+        self.trace = lowering(lambda *xs: run(self).trace(*traced_numbers_as_arrays(list(xs))))
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -115,19 +134,12 @@ class _ShardMapWrapper(AheadOfTime, Wrapper):
     def _build(self, split: Split) -> Entry:
         sharding, share = self._sharding, self._share
         out_specs = sharding.out_specs
-        entry = _ShardMapEntry(None, split.plan, split.pattern)
-        entry.specs = tuple(_spec(v) for v in split.plan.unique_placements(split.pattern))
+        specs = tuple(_spec(v) for v in split.plan.unique_placements(split.pattern))
         unique = split.dynamic if split.pattern is None else [split.dynamic[i] for i in first_positions(split.pattern)]
-        entry.placed = tuple(None if is_ref(x) else s for x, s in zip(unique, entry.specs))  # a Ref is taken where it is
-        entry.resolved = BoundedCache()
-        entry.runs = {}
+        placed = tuple(None if is_ref(x) else s for x, s in zip(unique, specs))  # a Ref is taken where it is
         make_flat = flat_functions(split, out_specs, share, self.name, self.transform, self.source)
-        entry.make_flat = make_flat
-        entry.flat = make_flat(None, structured=not out_specs.needs_evaluation)
-        entry.call = entry.compiled = lambda *xs: sharding.run(entry)(*traced_numbers_as_arrays(list(xs)))
-        entry.lower = lowering(lambda *xs: sharding.run(entry).lower(*traced_numbers_as_arrays(list(xs))))
-        entry.trace = lowering(lambda *xs: sharding.run(entry).trace(*traced_numbers_as_arrays(list(xs))))
-        return entry
+        flat = make_flat(None, structured=not out_specs.needs_evaluation)
+        return _ShardMapEntry(split.plan, split.pattern, specs, placed, make_flat, flat, sharding)
 
 class _Sharding:
     """What an entry's calls need of the options, and the jitted shard_map per

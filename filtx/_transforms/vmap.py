@@ -47,9 +47,18 @@ _CONCRETENESS_ERRORS = (
 
 class _VmapEntry(Entry):
     """Per (static leaves, sharing pattern): the in axes of the unique values, the
-    flat function per out-axes tree, and the trees resolved per input signature."""
+    flat function per out-axes tree, and the trees resolved per input signature.
+    Its calls go to `batching.call` (an entry is shared by every wrapper with the
+    same code and options, so it holds that, never a wrapper)."""
 
     __slots__ = ("make_flat", "flat", "axes", "resolved")
+
+    def __init__(self, plan: Any, pattern: tuple | None, make_flat: Callable, flat: Callable, axes: tuple,
+                 batching: _Batching):
+        super().__init__(None, plan, pattern)
+        self.make_flat, self.flat, self.axes = make_flat, flat, axes
+        self.resolved = BoundedCache()  # the out-axes tree and flat function per input signature (callable out_axes)
+        self.call = functools.partial(batching.call, self)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -218,13 +227,8 @@ class _VmapWrapper(Wrapper):
             raise donation_in_mapped_error(f"{path} is marked filtx.donate, but ")
         out_axes = self._out_axes
         make_flat = flat_functions(split, out_axes, self._share, self.name, self.transform, self.source)
-        entry = _VmapEntry(None, plan, split.pattern)
-        entry.make_flat = make_flat
-        entry.flat = make_flat(None, structured=not out_axes.needs_evaluation)
-        entry.call = functools.partial(self._batching.call, entry)
-        entry.axes = plan.unique_placements(split.pattern)
-        entry.resolved = BoundedCache()
-        return entry
+        flat = make_flat(None, structured=not out_axes.needs_evaluation)
+        return _VmapEntry(plan, split.pattern, make_flat, flat, plan.unique_placements(split.pattern), self._batching)
 
 
 @overload
