@@ -37,7 +37,8 @@ Every loop (training, Adam, inference) takes 7 rounds (3 under
 timed round-robin (`_support/interleave.py`).
 
 Under `--benchmark-disable` each body runs once (a smoke test, a few seconds in
-all, with two training steps of a small MLP instead of 100 of the large one).
+all, with two training steps of a small MLP instead of 100 of the large one,
+and the warm calls on a 10-leaf model at every size).
 """
 
 import functools as ft
@@ -55,6 +56,7 @@ import filtx
 
 SUITE = "dispatch"
 SIZES = (100, 1000)
+WARM_SMOKE_LEAVES = 10  # the warm calls' model under --benchmark-disable, at every size
 WARM_BASELINE = "jax.jit-params"
 WARM_VARIANTS = ("jax.jit-params", "filtx", "eqx", "jax.jit-leaves")
 SYNCS = ("blocking", "async")
@@ -159,9 +161,10 @@ WARM_CASES = [
 
 
 @pytest.mark.parametrize("size, sync, output, variant", WARM_CASES)
-def test_warm_call(benchmark, size, sync, output, variant):
-    fn, args = warm_call(variant, size, output)
-    model = models.leafy_mlp(size)
+def test_warm_call(benchmark, smoke, size, sync, output, variant):
+    built = WARM_SMOKE_LEAVES if smoke else size  # a smoke test compiles small
+    fn, args = warm_call(variant, built, output)
+    model = models.leafy_mlp(built)
     for _ in range(3):  # compile, then warm every cache on the way
         out = jax.block_until_ready(fn(*args))
     expected = _arrays(OUTPUTS[output](model))
