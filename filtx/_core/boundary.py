@@ -37,7 +37,7 @@ from .mutation import warn_if_changed
 from .outputs import pack_outputs, parts
 from .plan import Plan, canonical_plan, static_types_of
 from .resolve import LeafResolver
-from .._fastpath.reuse import Records, fresh_leaves, passed_candidates, slotted, spliced_leaves
+from .._fastpath.reuse import Records, fresh_leaves, slotted, spliced_leaves
 
 __all__ = ["Boundary", "Split", "flat_function", "unique_paths"]
 
@@ -176,8 +176,6 @@ class Boundary:
         rules = self.resolver.resolve(root)
         static_types = static_types_of(types, rules)
         plan = canonical_plan(self.canonical, treedef, rules, static_types, self.resolver.with_axes, self.lock)
-        if not isinstance(key, tuple):  # flattened whole: which arguments may be recorded when passed
-            plan.candidates = passed_candidates(treedef)
         return insert_bounded(self.plans, (key, types), plan, MAX_PLANS, self.lock)
 
     def prepare(

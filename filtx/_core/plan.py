@@ -15,6 +15,7 @@ from typing import Any
 from .caches import MAX_PLANS, insert_bounded
 from .errors import callable_spec_error, call_leaf_paths
 from .._base.indexing import first_positions, getter, merge_getter
+from .._fastpath.reuse import passed_candidates
 from .resolve import Deferred
 from .roles import Role, donate, static, traced
 
@@ -41,7 +42,7 @@ class Plan:
         self.static_types = static_types
         self._undonated = None
         self.aliased = False  # a call of this plan donated aliased buffers: check them before each call
-        self.candidates: tuple = ()  # arguments that may be recorded when passed (see _reuse)
+        self.candidates: tuple = passed_candidates(treedef)  # arguments that may be recorded when passed (see _fastpath.reuse)
         self.rules = rules
         self.with_axes = with_axes
         self.canonical = canonical
@@ -69,7 +70,7 @@ class Plan:
     def mark_aliased(self) -> None:
         """A call of this plan donated distinct arrays over one buffer, and JAX
         refused it: from now on its calls check their buffers before running
-        (the one thing a plan learns from a call, besides `candidates`)."""
+        (the one thing a plan learns from a call)."""
         self.aliased = True
 
     def rebuild(self, statics: tuple, dynamic) -> Any:
