@@ -57,6 +57,7 @@ owns, its words, and what it may import.
     `compare_donation` (its rows, how a row runs, its result, what it reads off
     arrays and executables)
   - `donation_report`: `donation_report`
+  - `explain`: `explain`, a wrapper's compile state and the code filtx wrote for it
   - `benchmark_fixture`: the `donation_benchmark` pytest fixture's body
 """
 
@@ -81,6 +82,7 @@ from ._transforms.vmap import filter_vmap
 from ._tools.compare import compare_donation
 from ._tools.comparison import DonationComparison, ModeRow
 from ._tools.donation_report import DonationReport, DonationRow, donation_report
+from ._tools.explain import Explanation, SignatureSummary, explain
 
 # Tracebacks through JAX's API boundaries hide filtx's frames, as they hide JAX's.
 _exclude_from_tracebacks(_os.path.dirname(__file__))
@@ -142,4 +144,7 @@ __all__ = [
     "MutatedArgumentWarning",
     "block_until_ready",
     "call_exported",
+    "explain",
+    "Explanation",
+    "SignatureSummary",
 ]

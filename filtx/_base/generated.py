@@ -14,7 +14,7 @@ import hashlib
 import linecache
 from typing import Any, Callable
 
-__all__ = ["compile_function"]
+__all__ = ["compile_function", "generated_source"]
 
 
 def compile_function(source: str, name: str, namespace: dict[str, Any], kind: str) -> Callable:
@@ -23,3 +23,13 @@ def compile_function(source: str, name: str, namespace: dict[str, Any], kind: st
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     exec(compile(source, filename, "exec"), namespace)
     return namespace[name]
+
+
+def generated_source(fun: Any) -> str | None:
+    """The source of a function `compile_function` made, or None for any other."""
+    code = getattr(fun, "__code__", None)
+    filename = getattr(code, "co_filename", "")
+    if not filename.startswith("<filtx "):
+        return None
+    entry = linecache.cache.get(filename)
+    return None if entry is None else "".join(entry[2])

@@ -33,6 +33,7 @@ from .errors import (
     is_generator,
     returned_ref_error,
 )
+from .._base.generated import generated_source
 from .._base.indexing import first_positions, getter, merge_getter
 from .._fastpath.reuse import item_at, reusable_slots
 from .roles import NUMBER_TYPES, is_array, is_ref
@@ -162,6 +163,15 @@ class OutputForm:
     def __init__(self):
         self.info: OutputInfo | None = None
         self._lock = threading.Lock()
+
+    def builder_sources(self) -> tuple[str, ...]:
+        """The source of every output builder filtx wrote for this entry's outputs
+        (`_fastpath.builder`; for `filtx.explain`): none before the second call,
+        nor where JAX's C++ unflatten builds the outputs (no Equinox Module in them)."""
+        info = self.info
+        infos = () if info is None else (info, info._flat) if info._flat is not None else (info,)
+        sources = (generated_source(i.unflatten) for i in infos)
+        return tuple(dict.fromkeys(s for s in sources if s is not None))
 
     def pack(self, out: tuple) -> Any:
         """`(arrays, carrier)` of a flat-form trace, as the compiled call returns it."""

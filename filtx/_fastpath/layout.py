@@ -39,7 +39,7 @@ from typing import Any, Callable
 import jax
 
 from .._base.arrays import is_array
-from .._base.generated import compile_function
+from .._base.generated import compile_function, generated_source
 from .._base.indexing import getter
 from .._base.nodes import MAX_DEPTH, MAX_WIDTH, all_immutable as _immutable, is_tuple_node as _is_tuple_node
 
@@ -87,6 +87,21 @@ class Layout:
             return True
         self.wait -= 1
         return self.wait < 0
+
+    def describe(self) -> tuple[str | None, str]:
+        """`(source, note)` for `filtx.explain`: the code this layout runs on each
+        call (None where it lays out nothing), and a sentence on its state."""
+        if self.template is not None:
+            return generated_source(self.take), (
+                "calls laid out as the last ones take their dynamic leaves from this layout "
+                "(any other call takes the full path)"
+            )
+        if self.took[0]:
+            return None, "an object this layout checked died: a new layout is made at the next call"
+        return None, (
+            "the last calls could not be laid out (an argument that is a dict, a list, or a new object "
+            f"every call): a layout is tried again after {max(self.wait, 0) + 1} more such call(s)"
+        )
 
     def succeed(self, dead: Layout | None) -> None:
         """Take over from `dead`, the layout this one replaces (see `due`)."""

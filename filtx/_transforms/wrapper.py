@@ -272,6 +272,35 @@ def inspect_call(wrapped: Any, args: tuple, kwargs: dict, *, entry: bool = True)
     return CallInspection(split, made, dynamic)
 
 
+class WrapperInspection(NamedTuple):
+    """What `inspect_wrapper` sees of a wrapper's memo: its `transform` and the
+    `name` of its function, the `plans` its calls were split by (one per call
+    signature), and its call `layout` (`_fastpath.layout.Layout`, or None)."""
+
+    transform: str
+    name: str
+    plans: tuple
+    layout: Any
+
+
+def inspect_wrapper(wrapped: Any) -> WrapperInspection:
+    """The look inside a wrapper that `filtx.explain` takes: what the calls so far
+    have left in its compile state, without calling it. `wrapped` is a wrapper
+    filtx made, or one bound as a method; anything else is a `TypeError`."""
+    if isinstance(wrapped, jax.tree_util.Partial):  # a bound method
+        wrapped = wrapped.func
+    if not isinstance(wrapped, Wrapper) or getattr(wrapped, "_boundary", None) is None:
+        raise TypeError(
+            "filtx.explain takes a function made by filtx.filter_jit, filter_vmap, filter_pmap or "
+            f"filter_shard_map, got {type(wrapped).__name__}."
+        )
+    boundary = wrapped._boundary
+    plans = []
+    for plan in dict.fromkeys(list(boundary.plans.values())):  # several keys may share one plan
+        plans += list(plan.variants.values()) if plan.deferred is not None else [plan]
+    return WrapperInspection(wrapped.transform, wrapped.name, tuple(plans), boundary.layout)
+
+
 class Bound(jax.tree_util.Partial):
     """A wrapper bound as a method (`model.step`): called, or asked for its
     ahead-of-time stages (`.lower`, `.trace`, `.eval_shape`, `.clear_cache`),
