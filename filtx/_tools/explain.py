@@ -16,7 +16,19 @@ class SignatureSummary:
     """One call signature (a tree structure and leaf types) a wrapper has split
     calls by: its `leaves`, how many are `static`, `traced` and `donated`, and
     how many compiled `entries` it holds (one per value of its static leaves and
-    sharing pattern)."""
+    sharing pattern). `str()` says it in a line.
+
+    ```python
+    import jax.numpy as jnp
+    import filtx
+
+    scale = filtx.filter_jit(lambda x, n: x * n, specs=(filtx.donate, filtx.static))
+    scale(jnp.ones(2), 2)
+    scale(jnp.ones(2), 3)  # another static value: a second entry
+    (summary,) = filtx.explain(scale).signatures
+    assert (summary.leaves, summary.static, summary.donated, summary.entries) == (3, 2, 1, 2)
+    ```
+    """
 
     leaves: int
     static: int
@@ -42,6 +54,19 @@ class Explanation:
       such layout now; `layout_note` says which, and why;
     - `builders`: the code filtx wrote to build `filter_jit` outputs that hold
       Equinox Modules (other outputs are built by JAX's C++ unflatten).
+
+    ```python
+    import jax.numpy as jnp
+    import filtx
+
+    double = filtx.filter_jit(lambda params: {k: 2 * v for k, v in params.items()})
+    params = {"w": jnp.ones(2)}
+    for _ in range(3):
+        params = double(params)
+    explanation = filtx.explain(double)
+    assert explanation.layout_source is None  # a dict argument: every call takes the full path
+    print(explanation.layout_note)
+    ```
     """
 
     transform: str
