@@ -294,35 +294,28 @@ def rules(paths: list[str]) -> None:
     from filtx._tools.compare import time_range
 
     candidates = {"today's rule": time_range, **{f"median +- {k} x spread": spread_rule(k) for k in (0.5, 1.0, 1.5)}}
-    sets = [(path, mb, mode, result["runs"]) for path in paths for mb, result in json.load(open(path)).items()
-            for mode in MODES]
+    sets = [(mode, result["runs"]) for path in paths for result in json.load(open(path)).values() for mode in MODES]
     print("| rule | loop inside the range | sets meeting both targets |\n|---|---:|---:|")
     for name, rule in candidates.items():
-        inside = runs_total = met = 0
-        for _, _, mode, runs in sets:
-            rows = [r["rows"][mode] for r in runs]
-            loops = [row["loop"] for row in rows]
-            allowed = (max(loops) - min(loops)) + 0.1 * statistics.median(loops)
-            ranges = [rule(row["rounds"]) for row in rows]
-            here = sum(low <= row["loop"] <= high for (low, high), row in zip(ranges, rows))
-            inside, runs_total = inside + here, runs_total + len(rows)
-            met += here == len(rows) and max(high - low for low, high in ranges) <= allowed
-        print(f"| {name} | {inside}/{runs_total} | {met}/{len(sets)} |")
+        found = [checks(runs, mode, rule) for mode, runs in sets]
+        inside = sum(c["inside"] for c in found)
+        met = sum(c["inside"] == len(c["loops"]) and c["width"] <= c["allowed"] for c in found)
+        print(f"| {name} | {inside}/{sum(len(c['loops']) for c in found)} | {met}/{len(sets)} |")
 
 
-def checks(runs: list[dict], mode: str) -> dict:
+def checks(runs: list[dict], mode: str, rule=None) -> dict:
     """One mode's figures over one size's runs: the loop's figures, the width
     allowed, in how many runs the loop lies inside the range, the widest range,
     the medians over the loop's, and in how many runs they are within 10 %. The
-    range is taken again from each run's saved rounds with the rule
-    `compare_donation` has now (`filtx._tools.compare.time_range`), so figures
-    saved before a change of the rule are read with the new one."""
+    range is taken again from each run's saved rounds with `rule`, by default
+    the one `compare_donation` has now (`filtx._tools.compare.time_range`), so
+    figures saved before a change of the rule are read with the new one."""
     from filtx._tools.compare import time_range
 
     rows = [r["rows"][mode] for r in runs]
     loops = [row["loop"] for row in rows]
     ratios = [row["median"] / row["loop"] for row in rows]
-    ranges = [time_range(row["rounds"]) for row in rows]  # today's rule, from the saved rounds
+    ranges = [(rule or time_range)(row["rounds"]) for row in rows]  # from the saved rounds
     return {
         "loops": loops,
         "allowed": (max(loops) - min(loops)) + 0.1 * statistics.median(loops),

@@ -168,9 +168,8 @@ class OutputForm:
         """The source of every output builder filtx wrote for this entry's outputs
         (`_fastpath.builder`; for `filtx.explain`): none before the second call,
         nor where JAX's C++ unflatten builds the outputs (no Equinox Module in them)."""
-        info = self.info
-        infos = () if info is None else (info, info._flat) if info._flat is not None else (info,)
-        sources = (generated_source(i.unflatten) for i in infos)
+        infos = () if self.info is None else (self.info, self.info._flat)  # (its flat form, once made)
+        sources = (generated_source(i.unflatten) for i in infos if i is not None)
         return tuple(dict.fromkeys(s for s in sources if s is not None))
 
     def pack(self, out: tuple) -> Any:

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from .._core.roles import donate, static
 from .._transforms.wrapper import inspect_wrapper
 
-__all__ = ["explain", "Explanation", "SignatureSummary"]
+__all__ = ["Explanation", "SignatureSummary", "explain"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,11 +139,10 @@ def explain(wrapped) -> Explanation:
     signatures = []
     builders: dict = {}
     for plan in seen.plans:
-        roles = plan.roles
+        donated = plan.donate_mask.count(True)
         signatures.append(SignatureSummary(
             leaves=len(plan.static_mask), static=plan.static_mask.count(True),
-            traced=sum(r is not static and r is not donate for r in roles),
-            donated=sum(r is donate for r in roles), entries=len(plan.entries),
+            traced=len(plan.donate_mask) - donated, donated=donated, entries=len(plan.entries),
         ))
         for entry in list(plan.entries.values()):
             form = getattr(entry, "out_form", None)
