@@ -50,15 +50,30 @@ def test_a_donating_training_loop_shows_its_layout_and_its_output_builder():
     assert "output builder:" in str(explanation)
 
 
-def test_dict_arguments_take_the_full_path_and_say_when_a_layout_is_tried_again():
+def test_dict_arguments_are_flattened_and_compared_and_the_layout_shows_that_code():
     step = filtx.filter_jit(lambda p: {k: v * 2 for k, v in p.items()})
     params = {"a": jnp.ones(2), "b": jnp.ones(3)}
     for _ in range(4):
         params = step(params)
     explanation = filtx.explain(step)
-    assert explanation.layout_source is None and "could not be laid out" in explanation.layout_note
+    layout = step._boundary.layout
+    assert explanation.layout_source == inspect.getsource(layout.take)  # the code shown is the code run
+    assert "flatten(" in explanation.layout_source and "flatten to the last ones" in explanation.layout_note
     assert explanation.builders == ()  # no Module in the outputs: JAX's C++ unflatten builds them
     np.testing.assert_array_equal(params["a"], 16.0)
+    assert layout.take(step._fun, (params,), {}) is not None
+    assert step({"a": jnp.ones(2)})["a"][0] == 2.0  # another structure: the full path, and the layout ends
+    assert step._boundary.layout.template is None
+    assert "could not be laid out" in filtx.explain(step).layout_note or "checked died" in filtx.explain(step).layout_note
+
+
+def test_arguments_no_layout_can_check_say_when_a_layout_is_tried_again():
+    step = filtx.filter_jit(lambda p, act: {k: getattr(jnp, act)(v) for k, v in p.items()})
+    params = {"a": jnp.ones(2)}
+    for _ in range(4):
+        params = step(params, "tanh")  # a static leaf after the dynamic ones, in a call with a dict
+    explanation = filtx.explain(step)
+    assert explanation.layout_source is None and "could not be laid out" in explanation.layout_note
 
 
 def test_every_signature_is_listed_with_its_roles():

@@ -133,6 +133,7 @@ def test_donating_calls_laid_out_donate_and_refuse_aliased_or_deleted_arrays(tak
     same = jnp.ones(3)
     capfd.readouterr()
     np.testing.assert_array_equal(f(same, same), 2.0)  # one buffer twice: the full path merges it
+    assert same.is_deleted()
     assert "Execute()" not in capfd.readouterr().err  # not left for XLA to refuse (it logs an error line)
     with pytest.raises(RuntimeError, match=r"args\[0\].*donated"):
         f(old, jnp.ones(3))
@@ -259,3 +260,37 @@ def test_laid_out_calls_give_what_the_full_path_gives(sequence):
         (a, sa), (b, sb) = laid(*args), full(*args)
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
         assert sa == sb
+
+
+def test_dict_calls_are_flattened_and_laid_out_and_a_new_structure_ends_the_layout():
+    f = filtx.filter_jit(lambda p: {k: v + 1 for k, v in p.items()})
+    small, large = {"a": jnp.zeros(2)}, {"a": jnp.zeros(2), "b": jnp.ones(3)}
+    for _ in range(3):
+        small = f(small)
+    layout_ = f._boundary.layout
+    assert layout_.flattens and layout_.take(f._fun, (small,), {}) is not None
+    assert layout_.take(f._fun, ({"a": np.zeros(2, np.float32)},), {}) is None  # another leaf type
+    assert layout_.template is None  # a call it did not lay out ends it: no flatten twice per call
+    for _ in range(3):  # two structures in turn: the full path for both, the right results
+        small, large = f(small), f(large)
+    np.testing.assert_array_equal(small["a"], 6.0)
+    np.testing.assert_array_equal(large["b"], 4.0)
+    for _ in range(2):
+        large = f(large)
+    assert f._boundary.layout.flattens and f._boundary.layout.template is not None  # made again once it repeats
+
+
+def test_an_array_twice_inside_a_donated_dict_is_donated_once_and_then_checked_by_identity(capfd):
+    f = filtx.filter_jit(lambda p: {k: v * 2 for k, v in p.items()}, donate="arrays")
+    for i in range(3):
+        x = jnp.full(2, float(i))
+        out = f({"a": x, "b": x})  # (JAX's runtime refuses it first, and XLA logs that once)
+        np.testing.assert_array_equal(out["a"], 2.0 * i)
+        np.testing.assert_array_equal(out["b"], 2.0 * i)
+        assert x.is_deleted()
+    capfd.readouterr()
+    x = jnp.ones(2)
+    f({"a": x, "b": x})
+    assert "Execute()" not in capfd.readouterr().err  # the plan checks its leaves by identity now
+    (plan,) = f._boundary.plans.values()
+    assert plan.repeats and not plan.aliased

@@ -1,8 +1,9 @@
 """The call layout is a memo over the full path, held to it on random calls.
 
-Calls of one `filter_jit` wrapper take arguments of one random shape (tuples
-and namedtuples around holes), each hole holding, call by call, an array, the
-same Module as before, a new Module, or a static number. Before every call,
+Calls of one `filter_jit` wrapper take arguments of one random shape (tuples,
+namedtuples, dicts and lists around holes), each hole holding, call by call, an
+array (of JAX or NumPy, float or int), the same Module as before, a new Module,
+or a static number. Before every call,
 where the wrapper holds a layout, what the layout takes for this call is
 compared with what the full path (`Boundary.split`, the specification) gives:
 the very dynamic leaves, in order, and the entry the full path dispatches to;
@@ -37,7 +38,7 @@ HOLE = object()
 
 @st.composite
 def shapes(draw, depth: int = 2):
-    choice = draw(st.integers(0, 3 if depth else 0))
+    choice = draw(st.integers(0, 5 if depth else 0))
     if choice == 0:
         return HOLE
     children = [draw(shapes(depth - 1)) for _ in range(2)]
@@ -45,18 +46,28 @@ def shapes(draw, depth: int = 2):
         return tuple(children)
     if choice == 2:
         return Pair(*children)
+    if choice == 4:  # a dict or a list: calls flattened and compared (`layout.flattening`)
+        return {"b": children[0], "a": children[1]}
+    if choice == 5:
+        return list(children)
     return (children[0],)
 
 
 def fill(shape, values):
     if shape is HOLE:
         return next(values)
+    if isinstance(shape, dict):
+        return {k: fill(c, values) for k, c in shape.items()}
     items = [fill(c, values) for c in shape]
+    if isinstance(shape, list):
+        return items
     return type(shape)(*items) if hasattr(shape, "_fields") else tuple(items)
 
 
 def holes(shape) -> int:
-    return 1 if shape is HOLE else sum(holes(c) for c in shape)
+    if shape is HOLE:
+        return 1
+    return sum(holes(c) for c in (shape.values() if isinstance(shape, dict) else shape))
 
 
 @st.composite
@@ -78,8 +89,8 @@ def calls(draw):
     return shape, sequence
 
 
-KINDS = ["array", "same module", "new module", "number", "other number"]
-CHANGES = ["new module", "new module", "other number", "other number", *KINDS]
+KINDS = ["array", "same module", "new module", "number", "other number", "numpy", "int array"]
+CHANGES = ["new module", "new module", "other number", "other number", "numpy", *KINDS]
 
 
 def total(*args):
@@ -106,6 +117,8 @@ def test_a_layout_takes_what_the_full_path_splits(case):
                 "new module": lambda: Small(jnp.full((2,), 2.0), 1.0),
                 "number": lambda: 3,
                 "other number": lambda: 4,
+                "numpy": lambda: np.full((2,), 1.0, np.float32),
+                "int array": lambda: jnp.full((2,), 1, jnp.int32),
             }[kind]())
         args = tuple(fill(s, iter(values)) for s in shape)
         layout = boundary.layout

@@ -32,7 +32,7 @@ from .entry import Entry
 from .eqx_errors import MARKER, note_trace
 from .explain import CallSignature, explain_new_avals, explain_new_entry, explaining
 from .._base.indexing import first_positions, getter
-from .._fastpath.layout import Layout, make as make_layout, refused as refused_layout
+from .._fastpath.layout import Layout, flattening, make as make_layout, refused as refused_layout
 from .mutation import warn_if_changed
 from .outputs import pack_outputs, parts
 from .plan import Plan, canonical_plan, static_types_of
@@ -130,11 +130,13 @@ class Boundary:
             elif (
                 not (check_buffers or self.share or plan.aliased)
                 and self.runtime_refuses_aliasing
-                and len(set(map(id, dynamic))) == len(dynamic)
+                and plan.no_object_twice(args, dynamic)
                 and _buffers.single_device_call(plan.donated, dynamic)
             ):
-                # One device, no object twice: JAX's runtime refuses distinct array
-                # objects over one buffer before running, and dispatch splits again.
+                # One device, no object twice as far as the plan reads: JAX's runtime
+                # refuses a buffer donated twice (distinct objects over one buffer,
+                # one array twice inside an argument) before running anything, and
+                # the transform's `_recover` marks the plan and splits again.
                 return _new_split(Split, (plan, statics, dynamic, None, (fun, args, kwargs), False, reused, None))
             else:
                 return self._donation_split(plan, statics, dynamic, (fun, args, kwargs), reused)
@@ -194,7 +196,7 @@ class Boundary:
                 if not plan.any_donated:
                     split = (plan, layout.statics, dynamic, None, (fun, args, kwargs), True, None, None)
                     return layout.entry, dynamic, _new_split(Split, split)
-                split = self._laid_out(plan, layout.statics, dynamic, (fun, args, kwargs))
+                split = self._laid_out(plan, layout.statics, dynamic, (fun, args, kwargs), layout.flattens)
                 if split is not None:
                     return layout.entry, dynamic, split
         split = self.split(fun, args, kwargs, check_buffers, reuse)
@@ -216,7 +218,7 @@ class Boundary:
             if plan is self.last_plan and (
                 layout is None or layout.plan is not plan or layout.entry is not entry or layout.due()
             ):
-                made = make_layout(fun, args, split.reused, split, entry, reuse)
+                made = make_layout(fun, args, split.reused, split, entry, reuse) or flattening(split, entry, reuse)
                 if made is None:  # (a dict or list argument): tried again after 1, 2, 4, 8... calls
                     made = refused_layout(reuse, split, entry)
                 made.succeed(layout)
@@ -236,21 +238,23 @@ class Boundary:
             return info.build_recording(arrays, self.records, inputs, split.beside)
         return info.build(arrays)
 
-    def _laid_out(self, plan: Plan, statics: tuple, dynamic: list, root: tuple) -> Split | None:
+    def _laid_out(self, plan: Plan, statics: tuple, dynamic: list, root: tuple, flattened: bool) -> Split | None:
         """The split of a donating call its layout laid out, or None where donation
         needs the full path (another trace, aliased buffers, one object twice).
 
         On one device nothing is read per leaf: JAX's runtime refuses a donated
         buffer that stands twice before running, and `filter_jit`'s `_recover` splits the call
-        again. An array or recorded object passed twice the layout refuses itself
-        (see `_fastpath.layout._take_function`), since XLA also logs an error line for it;
-        rarer forms (an array passed beside the model that holds it) are left to
-        JAX's refusal, and print that line, as `jax.jit` does. Sharded buffers
+        again. An array or recorded object passed twice a written layout refuses
+        itself (see `_fastpath.layout._take_function`), since XLA also logs an
+        error line for it; a `flattened` call (`_fastpath.layout.flattening`) is
+        read as the full path reads it (`Plan.no_object_twice`); rarer forms (an
+        array passed beside the model that holds it) are left to JAX's refusal,
+        and print that line, as `jax.jit` does. Sharded buffers
         are checked here, the leaves of recorded outputs fed back known apart by
         id."""
         if plan.aliased or not top_level():
             return None
-        if _buffers.single_device_call(plan.donated, dynamic):
+        if _buffers.single_device_call(plan.donated, dynamic) and (not flattened or plan.no_object_twice(root[1], dynamic)):
             return _new_split(Split, (plan, statics, dynamic, None, root, False, None, None))
         if len(set(map(id, dynamic))) != len(dynamic):
             return None

@@ -33,7 +33,9 @@ leaves) is not kept, and objects checked by identity are held weakly.
 
 from __future__ import annotations
 
+import inspect
 import weakref
+from operator import is_
 from typing import Any, Callable
 
 import jax
@@ -55,7 +57,8 @@ class Layout:
     layout, its steps as straight-line checks (see `_take_function`)."""
 
     __slots__ = (
-        "reuse", "steps", "template", "statics", "plan", "entry", "take", "took", "patience", "wait", "__weakref__",
+        "reuse", "steps", "template", "statics", "plan", "entry", "take", "took", "patience", "wait", "flattens",
+        "__weakref__",
     )
 
     def __init__(self, reuse, statics, plan, entry):
@@ -68,6 +71,7 @@ class Layout:
         self.take = _refuse
         self.took = [False]  # whether it laid out a call (kept only where it checks objects by identity)
         self.patience = self.wait = 0  # see `due`
+        self.flattens = False  # made by `flattening`: each call flattened, then compared
 
     def forget(self, _ref=None) -> None:
         """An object the layout checks for died: the layout lays out nothing more,
@@ -91,6 +95,12 @@ class Layout:
     def describe(self) -> tuple[str | None, str]:
         """`(source, note)` for `filtx.explain`: the code this layout runs on each
         call (None where it lays out nothing), and a sentence on its state."""
+        if self.template is not None and self.flattens:
+            return inspect.getsource(self.take), (
+                "calls whose arguments flatten to the last ones' structure, leaf types and static leaves "
+                "take their dynamic leaves from the flatten, with no plan or entry lookup "
+                "(any other call takes the full path, and ends this layout)"
+            )
         if self.template is not None:
             return generated_source(self.take), (
                 "calls laid out as the last ones take their dynamic leaves from this layout "
@@ -107,6 +117,49 @@ class Layout:
         """Take over from `dead`, the layout this one replaces (see `due`)."""
         if dead is not None and dead.template is None and not dead.took[0]:
             self.patience = self.wait = 2 * dead.patience + 1
+
+
+def flattening(split, entry, reuse: bool) -> Layout | None:
+    """The layout of a call `make` could not lay out (a dict or list argument: a
+    container that cannot be held weakly, nor checked without a walk): each call
+    is flattened (C++), and laid out as this one where it has this call's very
+    structure (`==`), leaf types and static leaves (`is`); the plan lookup (the
+    hashes of the structure and the types), the entry lookup and the split are
+    skipped. Only where the static leaves come first (the function's, as a rule),
+    no argument may be recorded (`Plan.candidates`), and the call is split
+    without a sharing pattern: anything else takes the full path every call.
+    A call it does not lay out ends it (`Layout.forget`): calls that alternate
+    between two structures would otherwise flatten twice."""
+    plan = split.plan
+    k = plan.static_prefix
+    if k is None or plan.candidates or split.pattern is not None or entry.take is not None or plan.deferred is not None:
+        return None
+    statics = split.statics
+    types = tuple(map(type, statics)) + tuple(map(type, split.dynamic))
+    layout = Layout(reuse, statics, plan, entry)
+    layout.template = ()  # it lays calls out (see `due`), and keeps no argument's leaf
+    layout.flattens = True
+    layout.take = _flattening_take(plan.treedef, types, statics, k, weakref.ref(layout))
+    return layout
+
+
+def _flattening_take(treedef, types: tuple, statics: tuple, k: int, layout_ref: Callable) -> Callable:
+    """`take(fun, args, records)` for `flattening`: the dynamic leaves of a call
+    whose flattened `(fun, args, {})` has `treedef`'s structure, leaf types `types`
+    and, first, the very objects `statics`; else None, and the layout ends."""
+    flatten = jax.tree_util.tree_flatten
+
+    def take(fun: Any, args: tuple, records: dict) -> list | None:
+        leaves, structure = flatten((fun, args, {}))
+        if structure == treedef and tuple(map(type, leaves)) == types and all(map(is_, leaves[:k], statics)):
+            return leaves[k:]
+        layout = layout_ref()
+        if layout is not None:
+            layout.forget()
+            layout.took[0] = True  # (made again once its plan repeats: see `due`)
+        return None
+
+    return take
 
 
 def _refuse(fun: Any, args: tuple, records: dict) -> None:

@@ -48,9 +48,11 @@ class Explanation:
 
     - `transform`, `function`: the wrapper's transform and its function's name;
     - `signatures`: a `SignatureSummary` per call signature seen so far;
-    - `layout_source`: the code filtx wrote to lay calls out as the last ones
-      (checked argument by argument, with no flatten), or None where there is no
-      such layout now; `layout_note` says which, and why;
+    - `layout_source`: the code that lays calls out as the last ones: written by
+      filtx for the call's shape (checked argument by argument, with no
+      flatten), or, for dict and list arguments, a flatten compared with the
+      last call's structure and leaf types; None where there is no layout now;
+      `layout_note` says which, and why;
     - `builders`: the code filtx wrote to build `filter_jit` outputs that hold
       Equinox Modules (other outputs are built by JAX's C++ unflatten).
 
@@ -63,7 +65,7 @@ class Explanation:
     for _ in range(3):
         params = double(params)
     explanation = filtx.explain(double)
-    assert explanation.layout_source is None  # a dict argument: every call takes the full path
+    assert "flatten(" in explanation.layout_source  # a dict argument: each call flattened and compared
     print(explanation.layout_note)
     ```
     """

@@ -82,8 +82,10 @@ class _JitWrapper(AheadOfTime, Wrapper):
         for aliasing (before running anything) is split again by buffer
         (`Boundary.prepare` with `check_buffers`) and called again."""
         if not split.checked and refused_aliasing(e):
-            if len(set(map(id, dynamic))) == len(dynamic):  # distinct arrays over one buffer: check this plan's calls
-                split.plan.mark_aliased()  # (one object twice, a layout let through: the full path finds it by id)
+            if len(set(map(id, dynamic))) == len(dynamic):  # distinct arrays over one buffer: check this plan's buffers
+                split.plan.mark_aliased()
+            else:  # one object twice inside an argument: check this plan's leaves by identity
+                split.plan.mark_repeats()
             entry, dynamic, split = self._recheck(*split.root)
             return self._dispatch(entry.call, dynamic, split, entry)
         return super()._recover(e, dynamic, split, entry)
