@@ -168,8 +168,8 @@ def suite_section(suite: str, groups: dict, share_memory: dict | None) -> list[s
         return lines + ["Not measured in this run (see the failures below).", ""]
     if suite == "pytrees":
         lines += ["Containers that flatten in C++ and cannot be held weakly (dicts, lists, "
-                  "optax states): filtx reuses nothing of an earlier call, and every call takes "
-                  "its full path. The baseline is **the floor**, what any Python-level transform "
+                  "optax states): filtx reuses no object of an earlier call, and flattens every "
+                  "call (compared with the last call's structure once two came alike). The baseline is **the floor**, what any Python-level transform "
                   "does at least: flatten the arguments, one compiled call over the flat leaves, "
                   "unflatten the outputs. `benchmarks/README.md` says where the rest of the time "
                   "goes.", ""]

@@ -3,7 +3,8 @@ floor, `jax.jit` and `eqx.filter_jit`.
 
 The containers most of the JAX world passes (Flax-linen and Haiku parameters,
 optax states, batches) flatten in C++ and cannot be held weakly, so filtx can
-reuse nothing of a previous call: every call takes its full path. The baseline
+reuse no object of a previous call: every call is flattened (and, once two
+calls came alike, compared with the last one rather than looked up). The baseline
 of every group is **the floor**, what any Python-level transform must do at
 least: flatten the arguments (C++), call one compiled program over the flat
 leaves (donating them where the variant donates), unflatten the outputs (C++).
