@@ -280,17 +280,33 @@ def test_dict_calls_are_flattened_and_laid_out_and_a_new_structure_ends_the_layo
     assert f._boundary.layout.flattens and f._boundary.layout.template is not None  # made again once it repeats
 
 
-def test_an_array_twice_inside_a_donated_dict_is_donated_once_and_then_checked_by_identity(capfd):
-    f = filtx.filter_jit(lambda p: {k: v * 2 for k, v in p.items()}, donate="arrays")
-    for i in range(3):
-        x = jnp.full(2, float(i))
-        out = f({"a": x, "b": x})  # (JAX's runtime refuses it first, and XLA logs that once)
-        np.testing.assert_array_equal(out["a"], 2.0 * i)
-        np.testing.assert_array_equal(out["b"], 2.0 * i)
-        assert x.is_deleted()
-    capfd.readouterr()
+def test_an_array_twice_inside_a_donated_dict_on_a_first_call_is_found_before_it_runs(capfd):
+    double = counting(lambda p: {k: v * 2 for k, v in p.items()})
+    f = filtx.filter_jit(double, donate="arrays")
     x = jnp.ones(2)
-    f({"a": x, "b": x})
-    assert "Execute()" not in capfd.readouterr().err  # the plan checks its leaves by identity now
+    capfd.readouterr()
+    out = f({"a": x, "b": x})
+    assert "Execute()" not in capfd.readouterr().err and double.traces == 1  # nothing compiled for nothing
+    np.testing.assert_array_equal(out["b"], 2.0)
+    assert x.is_deleted()
     (plan,) = f._boundary.plans.values()
     assert plan.repeats and not plan.aliased
+
+
+def test_an_array_twice_inside_a_donated_dict_on_a_later_call_is_refused_by_jax_then_checked(capfd):
+    f = filtx.filter_jit(lambda p: {k: v * 2 for k, v in p.items()}, donate="arrays")
+    for i in range(3):  # two arrays: laid out, nothing read per leaf
+        out = f({"a": jnp.full(2, float(i)), "b": jnp.ones(2)})
+    (plan,) = f._boundary.plans.values()
+    assert not plan.repeats
+    x = jnp.full(2, 3.0)
+    out = f({"a": x, "b": x})  # JAX's runtime refuses it before running (XLA logs that), then split again
+    np.testing.assert_array_equal(out["a"], 6.0)
+    np.testing.assert_array_equal(out["b"], 6.0)
+    assert x.is_deleted() and plan.repeats and not plan.aliased
+    capfd.readouterr()
+    for i in range(3):  # from now on the plan reads its leaves: no refusal, nothing logged
+        y = jnp.full(2, float(i))
+        out = f({"a": y, "b": y})
+        np.testing.assert_array_equal(out["a"], 2.0 * i)
+    assert "Execute()" not in capfd.readouterr().err
