@@ -58,7 +58,7 @@ def test_dict_arguments_are_flattened_and_compared_and_the_layout_shows_that_cod
     explanation = filtx.explain(step)
     layout = step._boundary.layout
     assert explanation.layout_source == inspect.getsource(layout.take)  # the code shown is the code run
-    assert "flatten(" in explanation.layout_source and "flatten to the last ones" in explanation.layout_note
+    assert "flatten_up_to(" in explanation.layout_source and "flatten up to the last ones" in explanation.layout_note
     assert explanation.builders == ()  # no Module in the outputs: JAX's C++ unflatten builds them
     np.testing.assert_array_equal(params["a"], 16.0)
     assert layout.take(step._fun, (params,), {}) is not None

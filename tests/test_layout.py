@@ -2,6 +2,7 @@
 `filtx/_fastpath/layout.py`): the results are the full path's, whatever changes between
 calls, and a layout keeps no argument alive."""
 
+import collections
 import gc
 import weakref
 
@@ -310,3 +311,41 @@ def test_an_array_twice_inside_a_donated_dict_on_a_later_call_is_refused_by_jax_
         out = f({"a": y, "b": y})
         np.testing.assert_array_equal(out["a"], 2.0 * i)
     assert "Execute()" not in capfd.readouterr().err
+
+
+Point = collections.namedtuple("Point", ["x", "y"])
+
+
+class Config(dict):  # a dict subclass JAX does not know: a leaf, not a node
+    pass
+
+
+@pytest.mark.parametrize("changed", [
+    lambda a: {"a": a["a"], "c": a["b"]},  # other keys
+    lambda a: {"a": a["a"], "b": [a["b"][0]]},  # a shorter list
+    lambda a: {"a": a["a"], "b": (a["b"][0], a["b"][1])},  # a tuple for a list
+    lambda a: {"a": None, "b": a["b"]},  # None for an array
+    lambda a: {"a": {"x": a["a"]}, "b": a["b"]},  # a dict for an array
+    lambda a: {"a": a["a"], "b": [Point(a["b"][0], a["b"][0]), a["b"][1]]},  # a namedtuple for an array
+    lambda a: Config(a),  # a dict subclass for the dict
+])
+def test_a_dict_layout_refuses_every_other_structure_and_the_full_path_answers(changed):
+    def body(t):
+        return jax.tree.map(lambda v: v * 2, t)
+
+    f, reference = filtx.filter_jit(body), jax.jit(body)
+    args = {"a": jnp.ones(2), "b": [jnp.ones(3), jnp.zeros(1)]}
+    for _ in range(3):
+        f(args)
+    layout_ = f._boundary.layout
+    assert layout_.flattens and layout_.take(f._fun, (args,), {}) is not None
+    other = changed(args)
+    assert layout_.take(f._fun, (other,), {}) is None
+    if isinstance(other, Config):  # a leaf that is no array: static, and unhashable (as under Equinox)
+        with pytest.raises(TypeError, match=r"args\[0\] is held static"):
+            f(other)
+        return
+    got, want = f(other), reference(other)
+    assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
+    for x, y in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))

@@ -50,8 +50,8 @@ class Explanation:
     - `signatures`: a `SignatureSummary` per call signature seen so far;
     - `layout_source`: the code that lays calls out as the last ones: written by
       filtx for the call's shape (checked argument by argument, with no
-      flatten), or, for dict and list arguments, a flatten compared with the
-      last call's structure and leaf types; None where there is no layout now;
+      flatten), or, for dict and list arguments, a flatten against the last
+      call's structure, its leaf types compared; None where there is no layout now;
       `layout_note` says which, and why;
     - `builders`: the code filtx wrote to build `filter_jit` outputs that hold
       Equinox Modules (other outputs are built by JAX's C++ unflatten).
@@ -65,7 +65,7 @@ class Explanation:
     for _ in range(3):
         params = double(params)
     explanation = filtx.explain(double)
-    assert "flatten(" in explanation.layout_source  # a dict argument: each call flattened and compared
+    assert "flatten_up_to(" in explanation.layout_source  # a dict argument: flattened against the last structure
     print(explanation.layout_note)
     ```
     """
