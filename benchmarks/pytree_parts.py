@@ -1,4 +1,4 @@
-"""Where a plain pytree's call goes: `filtx.filter_jit`'s full path on the dict
+"""Where a plain pytree's call goes: `filtx.filter_jit`'s laid-out and full paths on the dict
 Adam step of `suites/bench_pytrees.py`, taken apart piece by piece.
 
     python benchmarks/pytree_parts.py             # 10, 100 and 1000 parameter leaves
@@ -15,10 +15,15 @@ and Adam state, after the wrapper has compiled and settled:
 - `plan lookup`: the plan found by `(structure, types)`: hashing and comparing a
   structure is C++, but it walks every node.
 - `cut`: the static leaves (the function) cut from the dynamic ones (a slice).
-- `ids`: the set of the dynamic leaves' ids, which a donating call builds to
-  find one array passed twice (C).
-- `prepare`: all of `Boundary.prepare` (the pieces above and the rest of the
-  Python around them: the entry's lookup, the layout's check).
+- `ids`: the set of the dynamic leaves' ids, which a donating call built to
+  find one array passed twice (C); since issue 35 only a plan's first call,
+  or a plan that held one object twice, builds it.
+- `flatten up to`: the flatten against the known structure that a call laid
+  out by the flattening layout (`_fastpath/layout.py`) does instead of
+  `flatten` and `plan lookup` (C++).
+- `prepare`: all of `Boundary.prepare`, which takes the flattening layout once
+  two calls came alike; `full path`: `Boundary.split`, the specification
+  (the pieces above and the Python around them).
 - `finish`: building the outputs from the compiled call's arrays (JAX's C++
   unflatten; the floor pays the same).
 
@@ -69,7 +74,9 @@ def parts(leaves: int, donate: bool, number: int) -> dict:
         "plan lookup": best(lambda: boundary.plans.get((key, types)), number),
         "cut": best(lambda: (tuple(leaves_[:k]), leaves_[k:]), number),
         "ids": best(lambda: len(set(map(id, dynamic))) == len(dynamic), number) if donate else 0.0,
+        "flatten up to": best(lambda: key.flatten_up_to((fun, state, kwargs)), number),
         "prepare": best(lambda: boundary.prepare(fun, state, kwargs, wrapped._build, False, True), number),
+        "full path": best(lambda: boundary.split(fun, state, kwargs, False, True), number),
         "finish": best(lambda: boundary.finish(out, True, split, entry.out_form), number),
     }
     return figures
