@@ -349,3 +349,15 @@ def test_a_dict_layout_refuses_every_other_structure_and_the_full_path_answers(c
     assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
     for x, y in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_a_pmap_dict_layout_with_an_array_twice_inside_donates_it_once_without_jit_recovery():
+    f = filtx.filter_pmap(lambda p: {k: v * 2 for k, v in p.items()}, donate="arrays")
+    n = jax.device_count()
+    for i in range(3):
+        f({"a": jnp.full((n, 2), float(i)), "b": jnp.ones((n, 2))})
+    assert f._boundary.layout.flattens
+    x = jnp.full((n, 2), 5.0)
+    out = f({"a": x, "b": x})
+    np.testing.assert_array_equal(out["a"], 10.0)
+    np.testing.assert_array_equal(out["b"], 10.0)

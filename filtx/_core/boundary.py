@@ -247,14 +247,18 @@ class Boundary:
         again. An array or recorded object passed twice a written layout refuses
         itself (see `_fastpath.layout._take_function`), since XLA also logs an
         error line for it; a `flattened` call (`_fastpath.layout.flattening`) is
-        read as the full path reads it (`Plan.no_object_twice`); rarer forms (an
+        read as the full path reads it (`Plan.no_object_twice` where the
+        transform splits a refused call again, every leaf by buffer where it
+        does not); rarer forms (an
         array passed beside the model that holds it) are left to JAX's refusal,
         and print that line, as `jax.jit` does. Sharded buffers
         are checked here, the leaves of recorded outputs fed back known apart by
         id."""
         if plan.aliased or not top_level():
             return None
-        if _buffers.single_device_call(plan.donated, dynamic) and (not flattened or plan.no_object_twice(root[1], dynamic)):
+        if _buffers.single_device_call(plan.donated, dynamic) and (
+            not flattened or (self.runtime_refuses_aliasing and plan.no_object_twice(root[1], dynamic))
+        ):
             return _new_split(Split, (plan, statics, dynamic, None, root, False, None, None))
         if len(set(map(id, dynamic))) != len(dynamic):
             return None
