@@ -69,7 +69,7 @@ class Layout:
         self.plan = plan
         self.entry = entry
         self.take = _refuse
-        self.took = [False]  # whether it laid out a call (kept only where it checks objects by identity)
+        self.took = [False]  # whether it laid out a call (kept where it checks objects by identity; set when a flattening layout ends)
         self.patience = self.wait = 0  # see `due`
         self.flattens = False  # made by `flattening`: each call flattened, then compared
 
@@ -105,6 +105,11 @@ class Layout:
             return generated_source(self.take), (
                 "calls laid out as the last ones take their dynamic leaves from this layout "
                 "(any other call takes the full path)"
+            )
+        if self.flattens:
+            return None, (
+                "the last call did not flatten up to the layout's structure and leaf types: "
+                "a new layout is made once two calls in a row split into the same signature"
             )
         if self.took[0]:
             return None, "an object this layout checked died: a new layout is made at the next call"
