@@ -281,6 +281,33 @@ def test_dict_calls_are_flattened_and_laid_out_and_a_new_structure_ends_the_layo
     assert f._boundary.layout.flattens and f._boundary.layout.template is not None  # made again once it repeats
 
 
+@pytest.mark.parametrize("statics", [1, 2])  # a plain function alone; a Partial with two static arguments
+def test_a_dict_layout_takes_only_calls_with_the_very_same_static_leaves(statics):
+    def add(*parts):
+        *scales, p = parts
+        return {k: v + 1 + sum(scales) for k, v in p.items()}
+
+    def fun(*scales):
+        return add if not scales else jax.tree_util.Partial(add, *scales)
+
+    f = filtx.filter_jit(fun(*[1.0] * statics if statics > 1 else ()), donate="arrays")
+    p = {"a": jnp.zeros(2)}
+    for _ in range(3):
+        p = f(p)
+    layout_ = f._boundary.layout
+    assert layout_.flattens and layout_.plan.static_prefix == statics
+    assert layout_.take(f._fun, (p,), {}) is not None
+    if statics > 1:  # an equal Partial with another static argument: not laid out, and its own result
+        other = filtx.filter_jit(fun(1.0, 2.0), donate="arrays")
+        other._boundary = f._boundary
+        assert layout_.take(other._fun, (p,), {}) is None and layout_.template is None
+        p = other(p)
+        np.testing.assert_array_equal(p["a"], 3 * 3.0 + 4.0)  # (1 + 1 + 1) x 3, then 1 + 1 + 2
+    else:
+        assert layout_.take(lambda p: p, (p,), {}) is None and layout_.template is None
+        np.testing.assert_array_equal(p["a"], 3.0)
+
+
 def test_an_array_twice_inside_a_donated_dict_on_a_first_call_is_found_before_it_runs(capfd):
     double = counting(lambda p: {k: v * 2 for k, v in p.items()})
     f = filtx.filter_jit(double, donate="arrays")
