@@ -41,7 +41,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-VARIANTS = ("floor", "filtx", "jax.jit")
+VARIANTS = ("floor", "filtx", "jax.jit")  # the default; `--variants` may add "eqx"
+KNOWN = ("floor", "filtx", "jax.jit", "eqx")
+OTHERS = ("jax.jit", "eqx")  # the variants a row's table gives beside filtx
 # row -> (kind, parameter leaves, donating, steps per round)
 ROWS = {
     **{f"adam-{n}-{m}": ("adam", n, m == "donate", {10: 100, 100: 100, 1000: 20}[n])
@@ -96,7 +98,7 @@ def worker(row: str, order: tuple, rounds: int) -> dict:
     for v in order:  # built, compiled and warmed in this order
         fns[v] = make(v)
         bp.loop(fns[v], bp.fresh(example), 2, kept)
-    names = list(VARIANTS)
+    names = [v for v in KNOWN if v in order]
     times: dict = {v: [] for v in names}
     for r in range(rounds):
         for v in names[r % len(names):] + names[: r % len(names)]:
@@ -116,9 +118,9 @@ def worker(row: str, order: tuple, rounds: int) -> dict:
     }
 
 
-def run_row(row: str, rounds: int, timeout: float) -> list[dict]:
+def run_row(row: str, rounds: int, timeout: float, variants: tuple = VARIANTS) -> list[dict]:
     out = []
-    for order in orders(VARIANTS):
+    for order in orders(variants):
         argv = [sys.executable, __file__, "--worker", row, ",".join(order), str(rounds)]
         done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
         if done.returncode != 0:
@@ -142,7 +144,7 @@ def summary(row: str, runs: list[dict]) -> dict:
         "row": row,
         "floor_ms": 1e3 * statistics.median(r["seconds"]["floor"] for r in runs),
         "filtx": geometric_mean(pick(runs, "filtx")),
-        "jax.jit": geometric_mean(pick(runs, "jax.jit")),
+        **{v: geometric_mean(pick(runs, v)) for v in OTHERS if v in runs[0]["ratio"]},
         "filtx_floor_built_first": pick(before, "filtx"),
         "filtx_built_first": pick(after, "filtx"),
         "target": TARGETS.get(row),
@@ -150,9 +152,11 @@ def summary(row: str, runs: list[dict]) -> dict:
 
 
 def table(summaries: list[dict]) -> list[str]:
+    others = [v for v in OTHERS if any(v in s for s in summaries)]
     lines = [
-        "| row | floor ms/step | filtx / floor, order-balanced | floor built before filtx | filtx built before the floor | jax.jit / floor | target |",
-        "|---|---:|---:|---|---|---:|---|",
+        "| row | floor ms/step | filtx / floor, order-balanced | floor built before filtx | filtx built before the floor | "
+        + "".join(f"{v} / floor | " for v in others) + "target |",
+        "|---|---:|---:|---|---|" + "---:|" * len(others) + "---|",
     ]
     for s in summaries:
         target = s["target"]
@@ -160,7 +164,8 @@ def table(summaries: list[dict]) -> list[str]:
         lines.append(
             f"| {s['row']} | {s['floor_ms']:.3f} | {s['filtx']:.3f} | "
             f"{', '.join(f'{x:.3f}' for x in s['filtx_floor_built_first'])} | "
-            f"{', '.join(f'{x:.3f}' for x in s['filtx_built_first'])} | {s['jax.jit']:.3f} | {verdict} |"
+            f"{', '.join(f'{x:.3f}' for x in s['filtx_built_first'])} | "
+            + "".join(f"{s[v]:.3f} | " if v in s else "— | " for v in others) + f"{verdict} |"
         )
     return lines
 
@@ -202,6 +207,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", default=",".join(ROWS), help="comma-separated: " + ", ".join(ROWS))
     parser.add_argument("--rounds", type=int, default=11)
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help="comma-separated, the floor and filtx among them (also: jax.jit, eqx)")
     parser.add_argument("--save", help="write every process's figures and the summaries to this JSON file")
     parser.add_argument("--report", metavar="SAVED", help="write this script's section of docs/benchmarks.md "
                         "from a file --save wrote, and stop")
@@ -220,7 +227,7 @@ def main() -> None:
         parser.error(f"unknown rows {unknown}; known: {', '.join(ROWS)}")
     runs, summaries = {}, []
     for row in rows:
-        runs[row] = run_row(row, args.rounds, timeout=600)
+        runs[row] = run_row(row, args.rounds, 600, tuple(args.variants.split(",")))
         summaries.append(summary(row, runs[row]))
     print("\n".join(table(summaries)))
     if args.save:
