@@ -44,12 +44,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 VARIANTS = ("floor", "filtx", "jax.jit")  # the default; `--variants` may add "eqx"
 KNOWN = ("floor", "filtx", "jax.jit", "eqx")
 OTHERS = ("jax.jit", "eqx")  # the variants a row's table gives beside filtx
-# row -> (kind, parameter leaves, donating, steps per round)
+# row -> the suite's case for it (`bench_pytrees.adam_case`, `flat_case`, `batch_case`) and its parameters
 ROWS = {
-    **{f"adam-{n}-{m}": ("adam", n, m == "donate", {10: 100, 100: 100, 1000: 20}[n])
-       for n in (10, 100, 1000) for m in ("donate", "none")},
-    "flat-10000": ("flat", 10_000, True, 5),
-    "list-batch-100": ("batch", 100, True, 100),
+    **{f"adam-{n}-{m}": ("adam", n, m) for n in (10, 100, 1000) for m in ("donate", "none")},
+    "flat-10000": ("flat",),
+    "list-batch-100": ("batch",),
 }
 TARGETS = {"adam-10-donate": 1.10, "adam-10-none": 1.10, "adam-100-donate": 1.05, "adam-100-none": 1.05,
            "adam-1000-donate": 1.05, "adam-1000-none": 1.05, "flat-10000": 1.05}
@@ -82,34 +81,24 @@ def worker(row: str, order: tuple, rounds: int) -> dict:
 
     import bench_pytrees as bp
 
-    kind, leaves, donate, steps = ROWS[row]
-    kept: tuple = ()
-    if kind == "adam":
-        step, example = bp.adam_step, (bp.dict_params(leaves), bp.OPT.init(bp.dict_params(leaves)))
-        make = lambda v: bp.variant_of(v, step, example, donate)  # noqa: E731
-    elif kind == "flat":
-        step, example = bp.scale, (bp._flat(leaves),)
-        make = lambda v: bp.variant_of(v, step, example, True)  # noqa: E731
-    else:
-        kept = (bp._batch(),)
-        step, example = bp.sgd_step, (bp.dict_params(leaves),)
-        make = lambda v: bp.variant_of(v, step, kept + example, True, kept=1)  # noqa: E731
-    fns = {}
-    for v in order:  # built, compiled and warmed in this order
-        fns[v] = make(v)
-        bp.loop(fns[v], bp.fresh(example), 2, kept)
+    kind, *params = ROWS[row]
+    case_of = {"adam": bp.adam_case, "flat": bp.flat_case, "batch": bp.batch_case}[kind]
+    cases = {}
+    for v in order:  # built, compiled and warmed (the suite's own cases) in this order
+        cases[v] = case_of(False, *params, v)
     names = [v for v in KNOWN if v in order]
     times: dict = {v: [] for v in names}
     for r in range(rounds):
         for v in names[r % len(names):] + names[: r % len(names)]:
-            state = bp.fresh(example)
-            jax.block_until_ready(state)
+            args, kwargs = cases[v].arguments()  # (fn, fresh state, steps, kept): see `bench_pytrees._case`
+            jax.block_until_ready(args[1])
             gc.collect()
             gc.disable()
             t = time.perf_counter()
-            bp.loop(fns[v], state, steps, kept)
-            times[v].append((time.perf_counter() - t) / steps)
+            cases[v].fn(*args, **kwargs)
+            times[v].append((time.perf_counter() - t) / args[2])
             gc.enable()
+    steps = args[2]
     floor = times["floor"]
     return {
         "row": row, "order": list(order), "rounds": rounds, "steps": steps, "jax": jax.__version__,

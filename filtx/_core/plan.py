@@ -94,7 +94,7 @@ class Plan:
             return True
         if len(set(map(id, dynamic))) == len(dynamic):
             return True
-        self.repeats = True
+        self.mark_repeats()
         return False
 
     def rebuild(self, statics: tuple, dynamic) -> Any:

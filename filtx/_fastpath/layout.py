@@ -169,28 +169,15 @@ def _flattening_take(treedef, types: tuple, statics: tuple, k: int, layout_ref: 
             layout.forget()
             layout.took[0] = True  # (made again once its plan repeats: see `due`)
 
-    if k == 1:  # the function alone is static (a plain function): one `is`, and the list kept
-        static = statics[0]
-
-        def take(fun: Any, args: tuple, records: dict) -> list | None:
-            try:
-                leaves = flatten_up_to((fun, args, {}))
-            except Exception:  # another structure (a node of another type, other keys or arity)
-                leaves = None
-            if leaves is not None and leaves[0] is static and tuple(map(type, leaves)) == types:
-                del leaves[0]
-                return leaves
-            return end()
-
-        return take
-
     def take(fun: Any, args: tuple, records: dict) -> list | None:
         try:
             leaves = flatten_up_to((fun, args, {}))
         except Exception:  # another structure (a node of another type, other keys or arity)
             leaves = None
-        if leaves is not None and tuple(map(type, leaves)) == types and all(map(is_, leaves[:k], statics)):
-            return leaves[k:]
+        # (`map` stops at the `k` statics; the list is cut in place, not copied)
+        if leaves is not None and tuple(map(type, leaves)) == types and all(map(is_, leaves, statics)):
+            del leaves[:k]
+            return leaves
         return end()
 
     return take
