@@ -33,6 +33,7 @@ benchmarks README, "The order the variants are built in"). So at 100 and 1000
 leaves this suite's ratios over the floor read high; `pytree_orders.py` runs
 the same rows once per build order, a fresh process each, and checks issue
 35's targets against the order-balanced figure.
+
 Under `FILTX_BENCH_QUICK=1` (`report.py --quick`): 3 rounds, 10 and 100
 leaves, and a flat dict of 1,000.
 Under `--benchmark-disable` each body runs once, at 10 parameter leaves and on
