@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 import filtx
-from filtx._tools.compare_rows import make_runs
+from filtx._tools.compare.modes import make_runs
 
 N = 128  # a step of about 1 ms on one CPU core: 16 matrix products of N x N
 

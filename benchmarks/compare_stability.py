@@ -89,7 +89,7 @@ def worker(mb: float) -> dict:
 
     import filtx
     from filtx._tools import compare as _compare
-    from filtx._tools.compare import compare
+    from filtx._tools.compare.donation import compare
 
     raw: list = []  # every row's round figures, in row order, as the comparison's range reads them
     time_range = _compare.time_range
@@ -143,7 +143,7 @@ def alone_worker(mb: float, mode: str) -> dict:
     import jax
 
     import filtx
-    from filtx._tools.memory import OwnPeak
+    from filtx._tools.compare.memory import OwnPeak
 
     train_step, model, opt_state, x, y, _ = _setup(mb)
     wrapper = filtx.filter_jit(train_step, donate=mode)
@@ -291,7 +291,7 @@ def rules(paths: list[str]) -> None:
     """`--rules FILE...`: how other range rules would have done on saved runs:
     per rule, in how many runs the loop lay inside, and in how many (size,
     mode) sets both the inside and the width targets were met."""
-    from filtx._tools.compare import time_range
+    from filtx._tools.compare.donation import time_range
 
     candidates = {"today's rule": time_range, **{f"median +- {k} x spread": spread_rule(k) for k in (0.5, 1.0, 1.5)}}
     sets = [(mode, result["runs"]) for path in paths for result in json.load(open(path)).values() for mode in MODES]
@@ -308,9 +308,9 @@ def checks(runs: list[dict], mode: str, rule=None) -> dict:
     allowed, in how many runs the loop lies inside the range, the widest range,
     the medians over the loop's, and in how many runs they are within 10 %. The
     range is taken again from each run's saved rounds with `rule`, by default
-    the one `compare_donation` has now (`filtx._tools.compare.time_range`), so
+    the one `compare_donation` has now (`filtx._tools.compare.donation.time_range`), so
     figures saved before a change of the rule are read with the new one."""
-    from filtx._tools.compare import time_range
+    from filtx._tools.compare.donation import time_range
 
     rows = [r["rows"][mode] for r in runs]
     loops = [row["loop"] for row in rows]

@@ -53,9 +53,9 @@ owns, its words, and what it may import.
   - `hosts`: filter_pmap's devices, and its conversions under several processes
   - `mapped`: what the mapped transforms share
 - `_tools/`: built on the transforms
-  - `compare`, `compare_rows`, `compare_runs`, `comparison`, `memory`:
-    `compare_donation` (its rows, how a row runs, its result, what it reads off
-    arrays and executables)
+  - `compare/`: `compare_donation` (`donation`; its rows per mode, `modes`; how a
+    row runs as a loop, `loop`; its result, `result`; what it reads off arrays
+    and executables, `memory`)
   - `donation_report`: `donation_report`
   - `explain`: `explain`, a wrapper's compile state and the code filtx wrote for it
   - `benchmark_fixture`: the `donation_benchmark` pytest fixture's body
@@ -79,8 +79,8 @@ from ._transforms.pmap import filter_pmap
 from ._transforms.shard import filter_shard
 from ._transforms.shard_map import filter_shard_map
 from ._transforms.vmap import filter_vmap
-from ._tools.compare import compare_donation
-from ._tools.comparison import DonationComparison, ModeRow
+from ._tools.compare.donation import compare_donation
+from ._tools.compare.result import DonationComparison, ModeRow
 from ._tools.donation_report import DonationReport, DonationRow, donation_report
 from ._tools.explain import Explanation, SignatureSummary, explain
 

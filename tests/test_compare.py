@@ -13,9 +13,9 @@ import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import filtx
-from filtx._tools.compare_runs import WHOLE, Feeding
-from filtx._tools.comparison import DonationComparison, ModeRow
-from filtx._tools.memory import memory_figures
+from filtx._tools.compare.loop import WHOLE, Feeding
+from filtx._tools.compare.result import DonationComparison, ModeRow
+from filtx._tools.compare.memory import memory_figures
 
 N = 64 * 1024  # floats in each state array: 256 kB
 
@@ -267,7 +267,7 @@ class _FakeAllocator:
 
 
 def test_own_peak_is_the_works_own_whatever_the_process_held_before():
-    from filtx._tools.memory import OwnPeak
+    from filtx._tools.compare.memory import OwnPeak
 
     stats = _FakeAllocator()
     big = jnp.ones(1 << 20)  # 4 MB: the process's high-water mark, then freed
@@ -294,7 +294,7 @@ def test_device_peak_per_mode_on_a_device_with_allocator_statistics(monkeypatch)
     """Each row's device peak is its own loop's (its copies of the arguments
     included), not the process's high-water mark: a mode measured after a
     hungrier one still reads less."""
-    from filtx._tools import compare as _compare, memory as _memory
+    from filtx._tools.compare import donation as _compare, memory as _memory
 
     fake = _FakeAllocator()
     monkeypatch.setattr(_memory, "device_memory", fake)
@@ -314,7 +314,7 @@ def test_device_peak_per_mode_on_a_device_with_allocator_statistics(monkeypatch)
 
 
 def test_time_range_flag_and_round_lengths():
-    from filtx._tools.compare import calls_per_round, rounds_for, settle_calls, time_range, unsteady
+    from filtx._tools.compare.donation import calls_per_round, rounds_for, settle_calls, time_range, unsteady
 
     assert time_range([]) is None and not unsteady([])
     # steady rounds: the median, give or take the 5 % floor
@@ -348,7 +348,7 @@ def test_rows_carry_their_range_in_the_table_dicts_and_plot(tmp_path):
 
 
 def test_rounds_default_to_about_two_seconds_and_a_hook_runs_between_them():
-    from filtx._tools.compare import compare
+    from filtx._tools.compare.donation import compare
 
     seen = []
     comparison = compare(momentum_sgd, state(), {}, modes=["none"], calls=2, between_rounds=lambda r, n: seen.append((r, n)))

@@ -356,8 +356,8 @@ def test_a_comparison_row_gives_one_wrapper_per_copy_of_the_function():
     shares the row's compile state."""
     import jax.numpy as jnp
 
-    from filtx._tools.compare_rows import make_runs
-    from filtx._tools.memory import fresh_tree
+    from filtx._tools.compare.modes import make_runs
+    from filtx._tools.compare.memory import fresh_tree
 
     traces = []
 

@@ -1,13 +1,13 @@
 """The body of the `donation_benchmark` fixture (`pytest_plugin`): a thin layer
-over pytest-benchmark's fixture and one `_tools.compare_runs.Run`."""
+over pytest-benchmark's fixture and one `_tools.compare.loop.Run`."""
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
-from .compare import calls_per_round, own_peak_calls, quiet_donation_warnings, settle_calls, time_range, unsteady
-from .compare_rows import make_runs
-from .memory import device_memory, memory_figures
+from .compare.donation import calls_per_round, own_peak_calls, quiet_donation_warnings, settle_calls, time_range, unsteady
+from .compare.modes import make_runs
+from .compare.memory import device_memory, memory_figures
 
 __all__ = ["DonationBenchmark"]
 

@@ -2,7 +2,7 @@
 group of donation modes that donate the same leaves (a filtx wrapper made
 again with `donate=` replaced, with compile state of its own), and Equinox's
 baselines (`eqx.filter_jit` on a new function object, with the Equinox the user
-imported). The rows' mechanics are `_tools.compare_runs.Run`'s."""
+imported). The rows' mechanics are `_tools.compare.loop.Run`'s."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ from typing import Any, Callable
 
 import jax
 
-from .._core.caches import unshared
-from .compare_runs import Feeding, Run
-from .donation_report import donation_report
-from .._core.errors import call_leaf_paths
+from ..._core.caches import unshared
+from .loop import Feeding, Run
+from ..donation_report import donation_report
+from ..._core.errors import call_leaf_paths
 from .memory import is_deleted
-from .._core.roles import is_array, parse_mode
-from .._transforms.wrapper import Bound, Wrapper, as_pytree, inspect_call
+from ..._core.roles import is_array, parse_mode
+from ..._transforms.wrapper import Bound, Wrapper, as_pytree, inspect_call
 
 __all__ = ["make_runs"]
 
@@ -47,7 +47,7 @@ def make_runs(step: Any, args: tuple, kwargs: dict, modes: Any, feed: Callable |
     wrapper)."""
     if isinstance(step, Bound):
         args, kwargs, step = tuple(step.args) + tuple(args), {**step.keywords, **kwargs}, step.func
-    from .._transforms.jit import filter_jit
+    from ..._transforms.jit import filter_jit
 
     options = getattr(step, "options", {}) if isinstance(step, Wrapper) else {}
     if "donate" in options:  # a filter_jit or filter_pmap wrapper

@@ -13,8 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._base.jax_compat import arg_aval, is_ref_aval
-from .._core.roles import is_ref
+from ..._base.jax_compat import arg_aval, is_ref_aval
+from ..._core.roles import is_ref
 
 __all__ = [
     "fresh", "fresh_tree", "is_deleted", "block", "in_flight_window", "device_memory", "OwnPeak",

@@ -1,7 +1,7 @@
 """`filtx.compare_donation`: a user's own step measured under several donation
 modes: time per warm call (round-robin), the first call, the memory the
 compiled step needs, bytes donated and reused, unusable donations by path, and
-whether the results agree. The rows are `_tools.compare_runs.Run`s; the figures come
+whether the results agree. The rows are `_tools.compare.loop.Run`s; the figures come
 from `memory`; the result is a `comparison.DonationComparison`."""
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from .._base.jax_compat import ANY_UNUSABLE_DONATION
-from .compare_rows import make_runs
-from .compare_runs import Run
-from .comparison import DonationComparison, ModeRow
-from .._core.donation import UnusableDonationWarning
+from ..._base.jax_compat import ANY_UNUSABLE_DONATION
+from .modes import make_runs
+from .loop import Run
+from .result import DonationComparison, ModeRow
+from ..._core.donation import UnusableDonationWarning
 from .memory import device_memory, memory_figures, outputs_differ
-from .._core.roles import is_ref
+from ..._core.roles import is_ref
 
 __all__ = ["compare_donation", "compare", "quiet_donation_warnings", "calls_per_round", "rounds_for", "settle_calls", "own_peak_calls", "unsteady", "time_range"]
 
@@ -229,7 +229,7 @@ def _guarded(run: Run, work: Callable) -> Any:
 
 
 def _figures(run: Run) -> dict:
-    """The row's memory figures from its compiled step (`_tools.memory.memory_figures`)
+    """The row's memory figures from its compiled step (`_tools.compare.memory.memory_figures`)
     and its unusable paths, made once, on a call's worth of live inputs."""
     if run.figures is None:
         try:

@@ -14,7 +14,7 @@ import jax
 import numpy as np
 
 from .memory import OwnPeak, block, fresh, fresh_tree, in_flight_window, is_deleted
-from .._core.roles import is_array, is_ref
+from ..._core.roles import is_array, is_ref
 
 __all__ = ["Run", "Feeding", "WHOLE"]
 
@@ -96,7 +96,7 @@ class Run:
         self.times: list[float] = []
         self.first: float | None = None
         self.device_peak: int | None = None  # `own_peak`'s figure
-        self.figures: dict | None = None  # the compiled step's memory figures, made once (`_tools.compare._figures`)
+        self.figures: dict | None = None  # the compiled step's memory figures, made once (`_tools.compare.donation._figures`)
         self.out = None
         self.renew_fun = self.renew_kwargs = None  # masks of the leaves a call deletes (donates)
         self.renew_held: list = []
@@ -237,7 +237,7 @@ def _with_leaves(tree: Any, leaves_at: dict) -> Any:
 
 def _check_fed(label: str, args: tuple, new: tuple) -> None:
     if len(new) != len(args) or jax.tree_util.tree_structure(new) != jax.tree_util.tree_structure(args):
-        from .._core.errors import keystr
+        from ..._core.errors import keystr
 
         old_paths = {keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(args)[0]}
         new_paths = {keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(new)[0]}
