@@ -55,7 +55,9 @@ owns, its words, and what it may import.
 - `_tools/`: built on the transforms
   - `compare/`: `compare_donation` (`donation`; its rows per mode, `modes`; how a
     row runs as a loop, `loop`; its result, `result`; what it reads off arrays
-    and executables, `memory`)
+    and executables, `memory`), and `compare_capacity` (`capacity`, the
+    largest size each mode fits; its search, `search`; its result,
+    `capacity_result`)
   - `donation_report`: `donation_report`
   - `explain`: `explain`, a wrapper's compile state and the code filtx wrote for it
   - `benchmark_fixture`: the `donation_benchmark` pytest fixture's body
@@ -81,6 +83,8 @@ from ._transforms.shard_map import filter_shard_map
 from ._transforms.vmap import filter_vmap
 from ._tools.compare.donation import compare_donation
 from ._tools.compare.result import DonationComparison, ModeRow
+from ._tools.compare.capacity import compare_capacity
+from ._tools.compare.capacity_result import CapacityComparison, CapacityRow
 from ._tools.donation_report import DonationReport, DonationRow, donation_report
 from ._tools.explain import Explanation, SignatureSummary, explain
 
@@ -141,6 +145,9 @@ __all__ = [
     "compare_donation",
     "DonationComparison",
     "ModeRow",
+    "compare_capacity",
+    "CapacityComparison",
+    "CapacityRow",
     "MutatedArgumentWarning",
     "block_until_ready",
     "call_exported",

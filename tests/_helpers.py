@@ -163,3 +163,22 @@ def recording(kind: str, fun, **options):
     options.pop("donate", None)
     mesh = Mesh(jax.devices()[:1], ("one",))
     return filtx.filter_shard_map(fun, mesh=mesh, out_specs=PartitionSpec(), **options)
+
+
+class FakeAllocator:
+    """A device allocator's statistics as a GPU reports them, on CPU: bytes in use
+    are the live arrays' bytes; the high-water mark moves only when read, and is
+    never reset (as `peak_bytes_in_use` is not)."""
+
+    def __init__(self, limit=None):
+        self.mark, self.limit = 0, limit
+
+    def __call__(self):
+        import jax
+
+        in_use = sum(x.nbytes for x in jax.live_arrays() if not x.is_deleted())
+        self.mark = max(self.mark, in_use)
+        stats = {"bytes_in_use": in_use, "peak_bytes_in_use": self.mark}
+        if self.limit is not None:
+            stats["bytes_limit"] = self.limit
+        return stats

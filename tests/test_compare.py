@@ -16,6 +16,7 @@ import filtx
 from filtx._tools.compare.loop import WHOLE, Feeding
 from filtx._tools.compare.result import DonationComparison, ModeRow
 from filtx._tools.compare.memory import memory_figures
+from _helpers import FakeAllocator as _FakeAllocator
 
 N = 64 * 1024  # floats in each state array: 256 kB
 
@@ -247,23 +248,6 @@ def test_as_dicts_plot_and_a_missing_matplotlib(tmp_path, monkeypatch):
         comparison.plot()
     with pytest.raises(ValueError, match="best"):
         comparison.best(by="loss")
-
-
-class _FakeAllocator:
-    """A device allocator's statistics as a GPU reports them, on CPU: bytes in use
-    are the live arrays' bytes; the high-water mark moves only when read, and is
-    never reset (as `peak_bytes_in_use` is not)."""
-
-    def __init__(self, limit=None):
-        self.mark, self.limit = 0, limit
-
-    def __call__(self):
-        in_use = sum(x.nbytes for x in jax.live_arrays() if not x.is_deleted())
-        self.mark = max(self.mark, in_use)
-        stats = {"bytes_in_use": in_use, "peak_bytes_in_use": self.mark}
-        if self.limit is not None:
-            stats["bytes_limit"] = self.limit
-        return stats
 
 
 def test_own_peak_is_the_works_own_whatever_the_process_held_before():

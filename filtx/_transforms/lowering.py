@@ -14,7 +14,7 @@ from .._core.eqx_errors import without_filtx_frames
 from .export import exported_lowering
 from .._core.outputs import parts
 
-__all__ = ["Traced", "Lowered", "Compiled", "AheadOfTime", "lowering"]
+__all__ = ["Traced", "Lowered", "Compiled", "AheadOfTime", "lowering", "stand_ins"]
 
 
 def lowering(lower):
@@ -43,9 +43,7 @@ class AheadOfTime:
         `jax.ShapeDtypeStruct` stands for an array as in `jax.jit`'s stages: the
         split sees an empty array of its dtype and rank in its place (so the
         entry is the one a call with arrays finds), JAX's trace sees the shape."""
-        shapes: dict = {}
-        if any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree_util.tree_leaves((args, kwargs))):
-            args, kwargs = jax.tree_util.tree_map(lambda x: _stand_in(x, shapes), (args, kwargs))
+        (args, kwargs), shapes = stand_ins((args, kwargs))
         entry, dynamic, split = self._boundary.prepare(self._fun, args, kwargs, self._build)
         if shapes:
             dynamic = [shapes.get(id(x), x) for x in dynamic]
@@ -150,6 +148,16 @@ class AheadOfTime:
             ```
         """
         self._boundary.clear()
+
+
+def stand_ins(tree: Any) -> tuple[Any, dict]:
+    """`tree` with an empty array of its dtype and rank in place of each
+    `jax.ShapeDtypeStruct` (what a split sees of an abstract argument: it is
+    traced, as an array), and `{id(stand_in): shape}` to put them back."""
+    shapes: dict = {}
+    if any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree_util.tree_leaves(tree)):
+        tree = jax.tree_util.tree_map(lambda x: _stand_in(x, shapes), tree)
+    return tree, shapes
 
 
 def _stand_in(x: Any, shapes: dict) -> Any:

@@ -76,11 +76,17 @@ def _alike(a: Any, b: Any) -> bool:
     if ta != tb:
         return False
     for x, y in zip(la, lb):
-        if is_array(x) != is_array(y):
+        if _array_like(x) != _array_like(y):
             return False
-        if is_array(x) and (np.shape(x) != np.shape(y) or x.dtype != y.dtype):
+        if _array_like(x) and (np.shape(x) != np.shape(y) or x.dtype != y.dtype):
             return False
     return True
+
+
+def _array_like(x: Any) -> bool:
+    """An array, or a `jax.ShapeDtypeStruct` standing for one (the capacity
+    search feeds abstract outputs back as a loop feeds arrays)."""
+    return is_array(x) or isinstance(x, jax.ShapeDtypeStruct)
 
 
 class Run:

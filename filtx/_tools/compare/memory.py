@@ -18,7 +18,7 @@ from ..._core.roles import is_ref
 
 __all__ = [
     "fresh", "fresh_tree", "is_deleted", "block", "in_flight_window", "device_memory", "OwnPeak",
-    "memory_figures", "outputs_differ",
+    "memory_figures", "outputs_differ", "executable", "analysis_parts",
 ]
 
 
@@ -134,9 +134,7 @@ def memory_figures(compiled: Any) -> dict[str, Any]:
     `peak_source` saying which), `donated_bytes`, `reused_bytes` (aliased to an
     output), and `devices` (how many the step runs on). `compiled` is a filtx
     or Equinox compiled object, or JAX's own."""
-    inner = compiled
-    while hasattr(inner, "compiled"):
-        inner = inner.compiled
+    inner = executable(compiled)
     analysis = inner.memory_analysis()
     infos = [a for a in jax.tree_util.tree_leaves(inner.args_info, is_leaf=lambda a: hasattr(a, "donated")) if hasattr(a, "donated")]
     shardings = _input_shardings(inner, len(infos))
@@ -158,6 +156,34 @@ def memory_figures(compiled: Any) -> dict[str, Any]:
     out["reused_bytes"] = max(0, int(analysis.alias_size_in_bytes) - refs)
     out["donated_bytes"] = sum(_shard_bytes(arg_aval(a), shardings.get(i)) for i, a in enumerate(infos) if a.donated)
     return out
+
+
+def executable(compiled: Any) -> Any:
+    """JAX's own compiled object inside a filtx or Equinox one."""
+    while hasattr(compiled, "compiled"):
+        compiled = compiled.compiled
+    return compiled
+
+
+def analysis_parts(compiled: Any) -> dict[str, Any]:
+    """The parts of a compiled step's memory analysis, per device, in bytes:
+    `arguments`, `outputs`, `aliased`, `temporaries`, XLA's simulated heap
+    `peak` (None where the backend reports none), and the `platform` the step
+    runs on (`"cpu"`, `"gpu"`, ...)."""
+    inner = executable(compiled)
+    analysis = inner.memory_analysis()
+    try:
+        platform = next(iter(jax.tree_util.tree_leaves(inner.input_shardings[0])[0].device_set)).platform
+    except Exception:  # no argument, or no sharding to read: the default backend
+        platform = jax.default_backend()
+    if analysis is None:
+        return {"platform": platform}
+    peak = getattr(analysis, "peak_memory_in_bytes", None)
+    return {
+        "arguments": int(analysis.argument_size_in_bytes), "outputs": int(analysis.output_size_in_bytes),
+        "aliased": int(analysis.alias_size_in_bytes), "temporaries": int(analysis.temp_size_in_bytes),
+        "peak": int(peak) if peak else None, "platform": platform,
+    }
 
 
 def _input_shardings(inner: Any, count: int) -> dict[int, Any]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import sys
 import types
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 
@@ -21,7 +21,7 @@ from .memory import is_deleted
 from ..._core.roles import is_array, parse_mode
 from ..._transforms.wrapper import Bound, Wrapper, as_pytree, inspect_call
 
-__all__ = ["make_runs"]
+__all__ = ["make_runs", "mode_groups", "ModeGroups"]
 
 
 def _fresh_function(fun: Callable) -> Callable:
@@ -38,13 +38,46 @@ def _apply(fun, *args, **kwargs):
 
 
 def make_runs(step: Any, args: tuple, kwargs: dict, modes: Any, feed: Callable | None, baselines=()) -> list[Run]:
-    """The rows of a comparison, modes that donate the same leaves merged.
+    """The rows of a comparison, modes that donate the same leaves merged
+    (`mode_groups`); Equinox's baselines after them."""
+    groups = mode_groups(step, args, kwargs, modes)
+    _check_live(groups.args, groups.kwargs)
+    feeding = Feeding(feed)
+    originals = (as_pytree(groups.given), groups.args, groups.kwargs)
+    runs = [
+        Run(" / ".join(names), names, _Filtx(groups.make, names[0]), None, originals, feeding, _lower_filtx, _unusable)
+        for names in groups.names
+    ]
+    for baseline in baselines:
+        if baseline != "equinox":
+            raise ValueError(f"compare_donation: baselines takes 'equinox', got {baseline!r}.")
+        runs.extend(_equinox_runs(groups.given, groups.from_jit, originals, feeding))
+    return runs
 
-    A row's step is the user's wrapper made again with `donate=` replaced
+
+class ModeGroups(NamedTuple):
+    """A step's wrappers per donation mode: `make(mode)` builds one (with compile
+    state of its own); `names` holds the modes grouped by what they donate, in
+    the order asked; `given` is the user's callable; `from_jit` whether the
+    step is a `filter_jit` (or plain function) rather than a `filter_pmap`;
+    `args` and `kwargs` the call's, a bound method's instance first."""
+
+    make: Callable
+    names: list
+    given: Any
+    from_jit: bool
+    args: tuple
+    kwargs: dict
+
+
+def mode_groups(step: Any, args: tuple, kwargs: dict, modes: Any) -> ModeGroups:
+    """The step made again per donation mode, modes grouped by the leaves they
+    donate for this call (`inspect_call`, the tools' one look inside a wrapper).
+
+    A mode's step is the user's wrapper made again with `donate=` replaced
     (`Wrapper.replace`, with compile state of its own) or, for a plain function
-    or a wrapper without `donate=`, `filter_jit` around it; the modes are
-    grouped by what each donates (`inspect_call`, the tools' one look inside a
-    wrapper)."""
+    or a wrapper without `donate=`, `filter_jit` around it. By default the
+    modes are the wrapper's own, `"none"` and `"arrays"`."""
     if isinstance(step, Bound):
         args, kwargs, step = tuple(step.args) + tuple(args), {**step.keywords, **kwargs}, step.func
     from ..._transforms.jit import filter_jit
@@ -58,22 +91,12 @@ def make_runs(step: Any, args: tuple, kwargs: dict, modes: Any, feed: Callable |
         make = lambda mode: filter_jit(step, donate=mode)  # noqa: E731
     wanted = [own, "none", "arrays"] if modes is None else [modes] if isinstance(modes, str) else list(modes)
     parsed = {mode: parse_mode(mode) for mode in dict.fromkeys(wanted)}
-    _check_live(args, kwargs)
-    feeding = Feeding(feed)
-    originals = (as_pytree(given), args, kwargs)
     groups: dict = {}
     for mode, parsed_mode in parsed.items():
         with unshared():
             plan = inspect_call(make(mode), args, kwargs, entry=False).split.plan
         groups.setdefault((tuple(plan.donate_mask), parsed_mode.strict), []).append(mode)
-    runs = []
-    for names in groups.values():
-        runs.append(Run(" / ".join(names), tuple(names), _Filtx(make, names[0]), None, originals, feeding, _lower_filtx, _unusable))
-    for baseline in baselines:
-        if baseline != "equinox":
-            raise ValueError(f"compare_donation: baselines takes 'equinox', got {baseline!r}.")
-        runs.extend(_equinox_runs(given, from_jit, originals, feeding))
-    return runs
+    return ModeGroups(make, [tuple(names) for names in groups.values()], given, from_jit, tuple(args), kwargs)
 
 
 def _check_live(args: tuple, kwargs: dict) -> None:
