@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The GPU report of issue 44 (benchmarks/probes/gpu_report.py says what it measures),
+# as the one command to run on a lent device machine:
+#
+#   OUT=/some/dir bash benchmarks/probes/gpu_report.sh          # about 4 minutes, never more than 4.4
+#   OUT=/tmp/gpu-out JAX_PLATFORMS=cpu bash benchmarks/probes/gpu_report.sh --quick   # every path, on CPU
+#
+# Arguments go to gpu_report.py (--quick, --smoke, --deadline S, --jobs loops,first,peak, ...).
+# Writes to $OUT (default ./device-out): gpu_report.log (versions first), gpu_report.jsonl,
+# first_call_hlo.txt, first_call_hlo.tar.gz. The report keeps to its own deadline
+# (255 s by default); `timeout` below is only a backstop, after which the tables are
+# still made from the lines written so far.
+set -u
+OUT=${OUT:-./device-out}
+mkdir -p "$OUT"
+cd "$(dirname "$0")/../.." || exit 1
+export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+LOG="$OUT/gpu_report.log"
+{
+    echo "# gpu_report.sh, $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(hostname), $(nproc) cores"
+    if command -v nvidia-smi > /dev/null; then
+        nvidia-smi -L
+        nvidia-smi --query-gpu=driver_version,memory.total,clocks.max.sm --format=csv,noheader
+    else
+        echo "nvidia-smi: not here"
+    fi
+    python3 - <<'EOF'
+import importlib.metadata as m, sys
+names = ["jax", "jaxlib", "equinox", "optax", "numpy"]
+names += sorted({d.metadata["Name"] for d in m.distributions()
+                 if "cuda" in (d.metadata["Name"] or "").lower() and ("jax" in d.metadata["Name"].lower() or "runtime" in d.metadata["Name"].lower())})
+print("python", sys.version.split()[0], "|", ", ".join(f"{n} {m.version(n)}" for n in names))
+EOF
+    echo "(device kind, platform version: the env line below)"
+} > "$LOG" 2>&1
+cat "$LOG"
+timeout -k 5 "${GPU_REPORT_BACKSTOP:-263}" python3 benchmarks/probes/gpu_report.py --out "$OUT" "$@"
+code=$?
+if [ "$code" = 124 ] || [ "$code" = 137 ]; then
+    echo "gpu_report.py stopped by the backstop (exit $code): the tables from what was written" | tee -a "$LOG"
+    python3 benchmarks/probes/gpu_report.py --summarize "$OUT/gpu_report.jsonl" 2>&1 | tee -a "$LOG"
+fi
+exit "$code"
