@@ -8,8 +8,8 @@ process, three variants interleaved over 10 rounds, medians per step:
 - B: 30 steps going on from the last state;
 - C: ROUND steps going on from the last state (as a comparison's round).
 
-    python benchmarks/compare_loop_start.py MB MODE [WIDTH [ROUND]]
-    python benchmarks/compare_loop_start.py 4 none 1024 81
+    python benchmarks/probes/compare_loop_start.py MB MODE [WIDTH [ROUND]]
+    python benchmarks/probes/compare_loop_start.py 4 none 1024 81
 
 Measured 2026-11-27 on two pinned cores of a 16-core host (JAX 0.11.2, A / B /
 C ms): 4 MB `none` 3.163 / 2.963 / 2.828; `arrays` 2.074 / 2.131 / 2.129; 64 MB

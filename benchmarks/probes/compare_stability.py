@@ -11,10 +11,10 @@ copy of the batch per step where the mode donates it, made beforehand), one
 block at the end, the modes alternating, 5 rounds; the loop's figure is the
 median of its rounds.
 
-    python benchmarks/compare_stability.py                 # 5 runs at 4, 64 and 256 MB
-    python benchmarks/compare_stability.py --runs 3 --sizes 4,64
-    COMPARE_STABILITY_JSON=run.json python benchmarks/compare_stability.py   # keep the figures, then
-    python benchmarks/compare_stability.py --report "2 cores here=run.json" ...  # their section of docs/benchmarks.md
+    python benchmarks/probes/compare_stability.py                 # 5 runs at 4, 64 and 256 MB
+    python benchmarks/probes/compare_stability.py --runs 3 --sizes 4,64
+    COMPARE_STABILITY_JSON=run.json python benchmarks/probes/compare_stability.py   # keep the figures, then
+    python benchmarks/probes/compare_stability.py --report "2 cores here=run.json" ...  # their section of docs/benchmarks.md
 
 The figures the report's section was written from are kept in
 `benchmarks/results/compare_stability/` (its README says which run each is).
@@ -35,8 +35,8 @@ were made, the gap below the compile's high-water mark filled first, as
 
 Two probes say why figures differ, each in one fresh process:
 
-    python benchmarks/compare_stability.py --first 256   # a loop from fresh copies against one that goes on
-    python benchmarks/compare_stability.py --why 256     # the allocator's peak under donation, five ways
+    python benchmarks/probes/compare_stability.py --first 256   # a loop from fresh copies against one that goes on
+    python benchmarks/probes/compare_stability.py --why 256     # the allocator's peak under donation, five ways
 
 and `--rules FILE...` reads saved runs with other range rules.
 """
@@ -50,8 +50,8 @@ import statistics
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+BENCH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # benchmarks/, above probes/
+sys.path.insert(0, BENCH)
 
 WIDTH = int(os.environ.get("COMPARE_WIDTH", 1024))  # 2048: the issue's GPU model
 BATCH, STEPS, HAND_ROUNDS = 64, 30, 5
@@ -480,7 +480,7 @@ if __name__ == "__main__":
     elif len(sys.argv) == 4 and sys.argv[1] == "--probe":
         print(json.dumps(probe_worker(float(sys.argv[2]), sys.argv[3])), flush=True)
     elif len(sys.argv) >= 3 and sys.argv[1] == "--report":
-        report(sys.argv[2:], os.path.join(os.path.dirname(HERE), "docs", "benchmarks.md"))
+        report(sys.argv[2:], os.path.join(os.path.dirname(BENCH), "docs", "benchmarks.md"))
     elif len(sys.argv) >= 3 and sys.argv[1] == "--rules":
         rules(sys.argv[2:])
     elif len(sys.argv) == 3 and sys.argv[1] == "--first":

@@ -1,8 +1,8 @@
 """What Python's garbage collector costs a training step, and what `gc.freeze()`
 does to it: the donating Adam loop of `suites/bench_dispatch.py`, every variant.
 
-    python benchmarks/gc_profile.py               # 10, 100 and 1000 array leaves
-    python benchmarks/gc_profile.py 1000 --rounds 9
+    python benchmarks/probes/gc_profile.py               # 10, 100 and 1000 array leaves
+    python benchmarks/probes/gc_profile.py 1000 --rounds 9
 
 For each variant (`jax.jit` on the flat leaves, `jax.jit(donate_argnums)` on the
 partitioned parameters, `filtx.filter_jit`, `eqx.filter_jit`), 100 pipelined
@@ -24,8 +24,8 @@ import os
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [HERE, os.path.join(HERE, "suites")]
+BENCH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # benchmarks/, above probes/
+sys.path[:0] = [BENCH, os.path.join(BENCH, "suites")]
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402

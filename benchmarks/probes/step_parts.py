@@ -1,8 +1,8 @@
 """Where the time of a training step goes: the Adam loop of `suites/bench_dispatch.py`
 taken apart, each part against the flat-leaves floor measured in the same run.
 
-    python benchmarks/step_parts.py               # 10, 100 and 1000 array leaves
-    python benchmarks/step_parts.py 10 100 --rounds 15
+    python benchmarks/probes/step_parts.py               # 10, 100 and 1000 array leaves
+    python benchmarks/probes/step_parts.py 10 100 --rounds 15
 
 Per step of 100 pipelined, donating Adam steps (model and optimiser state fed
 back; rounds interleaved, who goes first rotated, medians): `jax.jit` on the
@@ -40,8 +40,8 @@ import sys
 import time
 import timeit
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [HERE, os.path.join(HERE, "suites")]
+BENCH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # benchmarks/, above probes/
+sys.path[:0] = [BENCH, os.path.join(BENCH, "suites")]
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402

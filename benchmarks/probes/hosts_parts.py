@@ -6,8 +6,8 @@ a `pmean` of every gradient, the model fed back (`_support/hosts_steps.py`):
 parameters, and `filter_jit` with shardings against `jax.jit` with
 `NamedSharding`s on global arrays.
 
-    python benchmarks/hosts_parts.py                 # MLPs of 18 and 98 leaves, 21 rounds
-    python benchmarks/hosts_parts.py --leaves 98 --rounds 31
+    python benchmarks/probes/hosts_parts.py                 # MLPs of 18 and 98 leaves, 21 rounds
+    python benchmarks/probes/hosts_parts.py --leaves 98 --rounds 31
 
 The four variants are timed round-robin (orders alternating, each round's time
 over its baseline's in that round, medians and quartiles of those ratios),
@@ -31,8 +31,8 @@ import os
 import pstats
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+BENCH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # benchmarks/, above probes/
+sys.path.insert(0, BENCH)
 
 from _support import processes
 

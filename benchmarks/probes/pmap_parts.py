@@ -3,8 +3,8 @@ inside `filter_jit`, each against the same compiled program called with the
 flat list of global leaves (the floor: what a transform that has already seen
 its arguments could do at best), on 8 virtual CPU devices (issue 27).
 
-    python benchmarks/pmap_parts.py                  # every row, 31 rounds
-    python benchmarks/pmap_parts.py --rounds 15 --only sgd
+    python benchmarks/probes/pmap_parts.py                  # every row, 31 rounds
+    python benchmarks/probes/pmap_parts.py --rounds 15 --only sgd
 
 Rows (the variants of each row timed round-robin, a balanced Latin square of
 orders; each round's time over the floor's in the same round, the median and
@@ -31,8 +31,8 @@ import os
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [HERE]
+BENCH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # benchmarks/, above probes/
+sys.path[:0] = [BENCH]
 
 from _support import devices  # noqa: E402
 

@@ -8,8 +8,8 @@ process. For each optimiser and size, this script runs the report's workers for
 `filtx none` and `filtx arrays` and a comparison of the same step (its own
 process too), and prints both savings and both time ratios:
 
-    python benchmarks/compare_accuracy.py            # SGD and Adam at 16 and 128 MB
-    python benchmarks/compare_accuracy.py --quick    # SGD and Adam at 16 MB
+    python benchmarks/probes/compare_accuracy.py            # SGD and Adam at 16 and 128 MB
+    python benchmarks/probes/compare_accuracy.py --quick    # SGD and Adam at 16 MB
 
 The issue's target: the saving within 10 % of the report's, the time ratio
 within the report's noise. The report's saving is measured twice: over one
@@ -34,8 +34,8 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "suites"))
+BENCH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # benchmarks/, above probes/
+sys.path[:0] = [BENCH, os.path.join(BENCH, "suites")]
 
 import bench_donation  # noqa: E402  (standard library only at import)
 

@@ -5,7 +5,7 @@ step under `jax.jit` (outputs fed back, `calls` pipelined calls, one block).
 The comparison's rounds and the hand-written loop's rounds alternate, in one
 process, so a busy period of a shared machine lands on both:
 
-    python benchmarks/compare_cost.py [--rounds 30]
+    python benchmarks/probes/compare_cost.py [--rounds 30]
 
 Measured 2026-11-25 on 2 CPU cores (JAX 0.10.2), a step of 0.92 ms: 1.010
 and 1.004 in two runs of 30 rounds of 38-39 calls.

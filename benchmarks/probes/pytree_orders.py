@@ -1,10 +1,10 @@
 """The plain-pytree rows of `suites/bench_pytrees.py` with the order in which the
 variants are built balanced out: one fresh process per build order.
 
-    python benchmarks/pytree_orders.py                       # every row, 6 orders each (about 25 minutes on 2 cores)
-    python benchmarks/pytree_orders.py --rows adam-1000-donate,adam-100-none --rounds 15
-    python benchmarks/pytree_orders.py --save results/pytree_orders/run.json
-    python benchmarks/pytree_orders.py --report results/pytree_orders/run.json   # its section of docs/benchmarks.md
+    python benchmarks/probes/pytree_orders.py                       # every row, 6 orders each (about 25 minutes on 2 cores)
+    python benchmarks/probes/pytree_orders.py --rows adam-1000-donate,adam-100-none --rounds 15
+    python benchmarks/probes/pytree_orders.py --save benchmarks/results/pytree_orders/run.json
+    python benchmarks/probes/pytree_orders.py --report benchmarks/results/pytree_orders/run.json   # its section of docs/benchmarks.md
 
 Why: in one process, two copies of one program compiled one after the other
 do not run alike. On 2 CPU cores (JAX 0.10.2), three floors of the
@@ -39,7 +39,7 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+BENCH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # benchmarks/, above probes/
 
 VARIANTS = ("floor", "filtx", "jax.jit")  # the default; `--variants` may add "eqx"
 KNOWN = ("floor", "filtx", "jax.jit", "eqx")
@@ -76,7 +76,7 @@ def worker(row: str, order: tuple, rounds: int) -> dict:
     timed round-robin."""
     import gc
 
-    sys.path[:0] = [HERE, os.path.join(HERE, "suites")]
+    sys.path[:0] = [BENCH, os.path.join(BENCH, "suites")]
     import jax
 
     import bench_pytrees as bp
@@ -181,7 +181,7 @@ def section(saved: dict) -> list[str]:
 
 
 def report(saved_path: str, page_path: str) -> None:
-    sys.path.insert(0, HERE)
+    sys.path.insert(0, BENCH)
     from _support import report_pages
 
     with open(saved_path) as f:
@@ -208,7 +208,7 @@ def main() -> None:
         print(json.dumps(worker(row, tuple(order.split(",")), int(rounds))))
         return
     if args.report:
-        report(args.report, os.path.join(os.path.dirname(HERE), "docs", "benchmarks.md"))
+        report(args.report, os.path.join(os.path.dirname(BENCH), "docs", "benchmarks.md"))
         return
     rows = args.rows.split(",")
     unknown = [r for r in rows if r not in ROWS]
