@@ -39,6 +39,11 @@ Two probes say why figures differ, each in one fresh process:
     python benchmarks/probes/compare_stability.py --why 256     # the allocator's peak under donation, five ways
 
 and `--rules FILE...` reads saved runs with other range rules.
+
+Answered in: `docs/performance-notes.md#does-one-comparison-say-what-a-loop-sees`
+(and the donation guide, `docs/donation.md#reading-a-time-and-a-devices-peak`),
+and its section of `docs/benchmarks.md` (`--report`), from the runs saved in
+`benchmarks/results/compare_stability/`.
 """
 
 from __future__ import annotations

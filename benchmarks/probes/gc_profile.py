@@ -1,5 +1,6 @@
-"""What Python's garbage collector costs a training step, and what `gc.freeze()`
-does to it: the donating Adam loop of `suites/bench_dispatch.py`, every variant.
+"""What does Python's garbage collector cost a training step, and what does
+`gc.freeze()` do to it? The donating Adam loop of `suites/bench_dispatch.py`,
+every variant.
 
     python benchmarks/probes/gc_profile.py               # 10, 100 and 1000 array leaves
     python benchmarks/probes/gc_profile.py 1000 --rounds 9
@@ -12,8 +13,9 @@ then the same with `gc.freeze()` called once after setup (every object alive the
 the model, JAX's and the libraries' own, moved out of the collector's reach, as
 a training script can do before its loop).
 
-This is a profile for finding costs, not a benchmark suite: its figures are
-quoted in `benchmarks/README.md`.
+This is a profile for finding costs, not a benchmark suite.
+
+Answered in: `docs/performance-notes.md#what-the-garbage-collector-costs-a-step`.
 """
 
 from __future__ import annotations

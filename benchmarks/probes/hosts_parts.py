@@ -1,5 +1,6 @@
-"""Where the host time of a data-parallel step goes under several processes
-(issue 27): 2 processes x 2 virtual CPU devices on loopback (`jax.distributed`,
+"""Where does a data-parallel step's host time go under several processes?
+
+Issue 27: 2 processes x 2 virtual CPU devices on loopback (`jax.distributed`,
 CPU collectives over gloo; `_support/processes.py`), a donating SGD step with
 a `pmean` of every gradient, the model fed back (`_support/hosts_steps.py`):
 `filter_pmap` against `jax.pmap(donate_argnums=0)` on the partitioned
@@ -21,6 +22,8 @@ prints.
 The workers are started by this script, bounded in time (`--timeout`), and
 killed and reaped whatever happens. A profile; the report's suite of the same
 steps is `suites/bench_hosts.py`.
+
+Answered in: `docs/performance-notes.md#a-step-under-several-processes`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What the call layout buys: the same loops with and without it, in one process.
+"""What does the call layout buy? The same loops with and without it, in one process.
 
     python benchmarks/probes/layout_ab.py                 # every row, 11 rounds
     python benchmarks/probes/layout_ab.py --rounds 21 inference-100 gru
@@ -23,6 +23,8 @@ boundary's layouts turned off (`Boundary.layouts = False`: every call takes
 the full path). Their rounds alternate, who goes first rotated; the figure is
 the median over rounds of the round's `no layout / layout`. Above 1, the
 layout saves that much. This is a profile: it reads filtx's internals.
+
+Answered in: `docs/performance-notes.md#what-the-call-layout-buys`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Data-parallel steps against their floor: `filter_pmap` and `filter_shard_map`
-inside `filter_jit`, each against the same compiled program called with the
-flat list of global leaves (the floor: what a transform that has already seen
+"""How far are data-parallel steps from their floor? `filter_pmap` and
+`filter_shard_map` inside `filter_jit`, each against the same compiled program
+called with the flat list of global leaves (the floor: what a transform that has already seen
 its arguments could do at best), on 8 virtual CPU devices (issue 27).
 
     python benchmarks/probes/pmap_parts.py                  # every row, 31 rounds
@@ -22,6 +22,8 @@ quartiles of those ratios over the rounds):
   against `jax.jit(jax.shard_map, donate_argnums=0)` and the floor.
 
 This is a profile, not a benchmark suite: its figures are for finding host costs.
+
+Answered in: `docs/performance-notes.md#data-parallel-steps-against-their-floor`.
 """
 
 from __future__ import annotations

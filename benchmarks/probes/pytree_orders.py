@@ -1,5 +1,6 @@
-"""The plain-pytree rows of `suites/bench_pytrees.py` with the order in which the
-variants are built balanced out: one fresh process per build order.
+"""What do the plain-pytree rows read with the build order balanced? The rows of
+`suites/bench_pytrees.py`, one fresh process per order in which the variants
+are built.
 
     python benchmarks/probes/pytree_orders.py                       # every row, 6 orders each (about 25 minutes on 2 cores)
     python benchmarks/probes/pytree_orders.py --rows adam-1000-donate,adam-100-none --rounds 15
@@ -26,6 +27,10 @@ and 1000 and on the flat dict) are checked against it.
 
 The rows and their steps are `bench_pytrees`'s own (`ROWS` below); nothing of
 filtx's internals is read.
+
+Answered in: `docs/performance-notes.md#the-order-the-variants-are-built-in`,
+and its section of `docs/benchmarks.md` (`--report`), from the runs saved in
+`benchmarks/results/pytree_orders/`.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Where a plain pytree's call goes: `filtx.filter_jit`'s laid-out and full paths on the dict
-Adam step of `suites/bench_pytrees.py`, taken apart piece by piece.
+"""Where does a plain pytree's call go? `filtx.filter_jit`'s laid-out and full
+paths on the dict Adam step of `suites/bench_pytrees.py`, taken apart piece by
+piece.
 
     python benchmarks/probes/pytree_parts.py             # 10, 100 and 1000 parameter leaves
     python benchmarks/probes/pytree_parts.py 10 --number 20000
@@ -29,6 +30,8 @@ and Adam state, after the wrapper has compiled and settled:
 
 This is a profile, not a benchmark suite: it reads filtx's internals, and its
 figures are for finding costs, not for the report.
+
+Answered in: `docs/performance-notes.md#plain-pytrees-against-their-floor`.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Where the time of a training step goes: the Adam loop of `suites/bench_dispatch.py`
-taken apart, each part against the flat-leaves floor measured in the same run.
+"""Where does a training step's time go? The Adam loop of
+`suites/bench_dispatch.py` taken apart, each part against the flat-leaves floor
+measured in the same run.
 
     python benchmarks/probes/step_parts.py               # 10, 100 and 1000 array leaves
     python benchmarks/probes/step_parts.py 10 100 --rounds 15
@@ -30,6 +31,8 @@ alone, so without the collections its objects cause in a loop), and over the
 
 This is a profile, not a benchmark suite: it reads filtx's internals, and its
 figures are for finding costs, not for the report.
+
+Answered in: `docs/performance-notes.md#where-a-training-steps-time-goes`.
 """
 
 from __future__ import annotations
