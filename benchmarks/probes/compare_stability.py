@@ -403,8 +403,8 @@ def report(sources: list[str], page_path: str) -> None:
         "figure lies in the row's `seconds_range`; *allowed*: the spread of the loop's figure across the "
         "runs plus 10 % of its median (issue 33's targets: inside in every run, the range no wider than "
         "allowed, the median within 10 % of the loop's in all runs but one). "
-        "`benchmarks/README.md` says what the figures show; the donation guide says why a non-donating "
-        "step's time moves.", "",
+        "The [performance notes](performance-notes.md#does-one-comparison-say-what-a-loop-sees) say what "
+        "the figures show; the donation guide says why a non-donating step's time moves.", "",
     ]
     head = ["where", "size", "mode", "loop ms/step", "median / loop", "within 10 %", "inside",
             "widest range / allowed", "default run s"]

@@ -180,7 +180,8 @@ def section(saved: dict) -> list[str]:
         "process's median per-round ratio. In one process, a program compiled earlier runs faster than "
         "the same program compiled later (by up to a fifth at 1000 parameter leaves on CPU), so the "
         "suite above, which builds the floor first, reads filtx high at 100 and 1000 leaves; the two "
-        "middle columns show each order's figure. `benchmarks/README.md` has the figures behind this.",
+        "middle columns show each order's figure. The [performance notes]"
+        "(performance-notes.md#the-order-the-variants-are-built-in) have the figures behind this.",
         "", *table(summaries), "",
     ]
 
