@@ -123,10 +123,10 @@ def test_quick_report(tmp_path):
 
 
 def test_step_parts_profile_runs_and_adds_up():
-    """`python benchmarks/step_parts.py`: a row per size, every figure a time and
+    """`python benchmarks/probes/step_parts.py`: a row per size, every figure a time and
     its fraction of that row's floor step."""
     done = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "benchmarks", "step_parts.py"), "2", "20", "--rounds", "1"],
+        [sys.executable, os.path.join(ROOT, "benchmarks", "probes", "step_parts.py"), "2", "20", "--rounds", "1"],
         capture_output=True, text=True, timeout=TIME_LIMIT_S, cwd=ROOT,
     )
     assert done.returncode == 0, done.stderr[-3000:]
@@ -150,10 +150,10 @@ def test_step_parts_profile_runs_and_adds_up():
 
 
 def test_gc_profile_runs():
-    """`python benchmarks/gc_profile.py`: a row per variant and size, every figure
+    """`python benchmarks/probes/gc_profile.py`: a row per variant and size, every figure
     a number, the collections a count per step."""
     done = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "benchmarks", "gc_profile.py"), "10", "--rounds", "1"],
+        [sys.executable, os.path.join(ROOT, "benchmarks", "probes", "gc_profile.py"), "10", "--rounds", "1"],
         capture_output=True, text=True, timeout=TIME_LIMIT_S, cwd=ROOT,
     )
     assert done.returncode == 0, done.stderr[-3000:]

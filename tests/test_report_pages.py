@@ -1,11 +1,11 @@
 """The benchmark report's page: a regenerated page keeps the sections other
-scripts measure and write (`compare_stability.py --report`)."""
+scripts measure and write (`probes/compare_stability.py --report`)."""
 
 import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+sys.path[:0] = [os.path.join(ROOT, "benchmarks"), os.path.join(ROOT, "benchmarks", "probes")]  # _support; pytree_orders
 
 from _support import report_pages  # noqa: E402
 

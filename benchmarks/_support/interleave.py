@@ -24,8 +24,8 @@ its own pytest-benchmark stats and its own `ratios.RESULTS` entry:
    its last round's result are kept. What the rounds cannot balance is the
    order in which the variants were prepared: on CPU a program compiled
    earlier in a process can run faster than the same program compiled later
-   (the benchmarks README, "The order the variants are built in";
-   `pytree_orders.py` balances it with a process per order).
+   (`docs/performance-notes.md`, "The order the variants are built in";
+   `probes/pytree_orders.py` balances it with a process per order).
 4. Each test's `measure` then hands its own durations to its `benchmark`
    fixture: `benchmark.pedantic` over a replay whose clock (the test's
    pytest-benchmark timer, which `round_robin` sets with the `benchmark`

@@ -171,8 +171,8 @@ def suite_section(suite: str, groups: dict, share_memory: dict | None) -> list[s
                   "optax states): filtx reuses no object of an earlier call, and flattens every "
                   "call (compared with the last call's structure once two came alike). The baseline is **the floor**, what any Python-level transform "
                   "does at least: flatten the arguments, one compiled call over the flat leaves, "
-                  "unflatten the outputs. `benchmarks/README.md` says where the rest of the time "
-                  "goes. The floor is built first here, and a program compiled earlier in a process "
+                  "unflatten the outputs. The [performance notes](performance-notes.md#plain-pytrees-against-their-floor) "
+                  "say where the rest of the time goes. The floor is built first here, and a program compiled earlier in a process "
                   "runs faster on CPU: at 100 and 1000 leaves these ratios read filtx high. The next "
                   "section has the same rows with the build order balanced.", ""]
     if suite == "first_call":

@@ -29,7 +29,7 @@ Each round starts from fresh copies of the state (made in its untimed setup).
 In one process the variants are built in collection order, the floor first,
 and on CPU a program compiled earlier in a process runs faster than the same
 program compiled later (by up to a fifth at 1000 parameter leaves; see the
-benchmarks README, "The order the variants are built in"). So at 100 and 1000
+performance notes, "The order the variants are built in"). So at 100 and 1000
 leaves this suite's ratios over the floor read high; `pytree_orders.py` runs
 the same rows once per build order, a fresh process each, and checks issue
 35's targets against the order-balanced figure.

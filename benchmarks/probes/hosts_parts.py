@@ -1,13 +1,14 @@
-"""Where the host time of a data-parallel step goes under several processes
-(issue 27): 2 processes x 2 virtual CPU devices on loopback (`jax.distributed`,
+"""Where does a data-parallel step's host time go under several processes?
+
+Issue 27: 2 processes x 2 virtual CPU devices on loopback (`jax.distributed`,
 CPU collectives over gloo; `_support/processes.py`), a donating SGD step with
 a `pmean` of every gradient, the model fed back (`_support/hosts_steps.py`):
 `filter_pmap` against `jax.pmap(donate_argnums=0)` on the partitioned
 parameters, and `filter_jit` with shardings against `jax.jit` with
 `NamedSharding`s on global arrays.
 
-    python benchmarks/hosts_parts.py                 # MLPs of 18 and 98 leaves, 21 rounds
-    python benchmarks/hosts_parts.py --leaves 98 --rounds 31
+    python benchmarks/probes/hosts_parts.py                 # MLPs of 18 and 98 leaves, 21 rounds
+    python benchmarks/probes/hosts_parts.py --leaves 98 --rounds 31
 
 The four variants are timed round-robin (orders alternating, each round's time
 over its baseline's in that round, medians and quartiles of those ratios),
@@ -21,6 +22,8 @@ prints.
 The workers are started by this script, bounded in time (`--timeout`), and
 killed and reaped whatever happens. A profile; the report's suite of the same
 steps is `suites/bench_hosts.py`.
+
+Answered in: `docs/performance-notes.md#a-step-under-several-processes`.
 """
 
 from __future__ import annotations
@@ -31,8 +34,8 @@ import os
 import pstats
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+BENCH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # benchmarks/, above probes/
+sys.path.insert(0, BENCH)
 
 from _support import processes
 

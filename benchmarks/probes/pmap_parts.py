@@ -1,10 +1,10 @@
-"""Data-parallel steps against their floor: `filter_pmap` and `filter_shard_map`
-inside `filter_jit`, each against the same compiled program called with the
-flat list of global leaves (the floor: what a transform that has already seen
+"""How far are data-parallel steps from their floor? `filter_pmap` and
+`filter_shard_map` inside `filter_jit`, each against the same compiled program
+called with the flat list of global leaves (the floor: what a transform that has already seen
 its arguments could do at best), on 8 virtual CPU devices (issue 27).
 
-    python benchmarks/pmap_parts.py                  # every row, 31 rounds
-    python benchmarks/pmap_parts.py --rounds 15 --only sgd
+    python benchmarks/probes/pmap_parts.py                  # every row, 31 rounds
+    python benchmarks/probes/pmap_parts.py --rounds 15 --only sgd
 
 Rows (the variants of each row timed round-robin, a balanced Latin square of
 orders; each round's time over the floor's in the same round, the median and
@@ -22,6 +22,8 @@ quartiles of those ratios over the rounds):
   against `jax.jit(jax.shard_map, donate_argnums=0)` and the floor.
 
 This is a profile, not a benchmark suite: its figures are for finding host costs.
+
+Answered in: `docs/performance-notes.md#data-parallel-steps-against-their-floor`.
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ import os
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [HERE]
+BENCH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # benchmarks/, above probes/
+sys.path[:0] = [BENCH]
 
 from _support import devices  # noqa: E402
 

@@ -1,10 +1,11 @@
-"""The plain-pytree rows of `suites/bench_pytrees.py` with the order in which the
-variants are built balanced out: one fresh process per build order.
+"""What do the plain-pytree rows read with the build order balanced? The rows of
+`suites/bench_pytrees.py`, one fresh process per order in which the variants
+are built.
 
-    python benchmarks/pytree_orders.py                       # every row, 6 orders each (about 25 minutes on 2 cores)
-    python benchmarks/pytree_orders.py --rows adam-1000-donate,adam-100-none --rounds 15
-    python benchmarks/pytree_orders.py --save results/pytree_orders/run.json
-    python benchmarks/pytree_orders.py --report results/pytree_orders/run.json   # its section of docs/benchmarks.md
+    python benchmarks/probes/pytree_orders.py                       # every row, 6 orders each (about 25 minutes on 2 cores)
+    python benchmarks/probes/pytree_orders.py --rows adam-1000-donate,adam-100-none --rounds 15
+    python benchmarks/probes/pytree_orders.py --save benchmarks/results/pytree_orders/run.json
+    python benchmarks/probes/pytree_orders.py --report benchmarks/results/pytree_orders/run.json   # its section of docs/benchmarks.md
 
 Why: in one process, two copies of one program compiled one after the other
 do not run alike. On 2 CPU cores (JAX 0.10.2), three floors of the
@@ -26,6 +27,10 @@ and 1000 and on the flat dict) are checked against it.
 
 The rows and their steps are `bench_pytrees`'s own (`ROWS` below); nothing of
 filtx's internals is read.
+
+Answered in: `docs/performance-notes.md#the-order-the-variants-are-built-in`,
+and its section of `docs/benchmarks.md` (`--report`), from the runs saved in
+`benchmarks/results/pytree_orders/`.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+BENCH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # benchmarks/, above probes/
 
 VARIANTS = ("floor", "filtx", "jax.jit")  # the default; `--variants` may add "eqx"
 KNOWN = ("floor", "filtx", "jax.jit", "eqx")
@@ -76,7 +81,7 @@ def worker(row: str, order: tuple, rounds: int) -> dict:
     timed round-robin."""
     import gc
 
-    sys.path[:0] = [HERE, os.path.join(HERE, "suites")]
+    sys.path[:0] = [BENCH, os.path.join(BENCH, "suites")]
     import jax
 
     import bench_pytrees as bp
@@ -175,13 +180,14 @@ def section(saved: dict) -> list[str]:
         "process's median per-round ratio. In one process, a program compiled earlier runs faster than "
         "the same program compiled later (by up to a fifth at 1000 parameter leaves on CPU), so the "
         "suite above, which builds the floor first, reads filtx high at 100 and 1000 leaves; the two "
-        "middle columns show each order's figure. `benchmarks/README.md` has the figures behind this.",
+        "middle columns show each order's figure. The [performance notes]"
+        "(performance-notes.md#the-order-the-variants-are-built-in) have the figures behind this.",
         "", *table(summaries), "",
     ]
 
 
 def report(saved_path: str, page_path: str) -> None:
-    sys.path.insert(0, HERE)
+    sys.path.insert(0, BENCH)
     from _support import report_pages
 
     with open(saved_path) as f:
@@ -208,7 +214,7 @@ def main() -> None:
         print(json.dumps(worker(row, tuple(order.split(",")), int(rounds))))
         return
     if args.report:
-        report(args.report, os.path.join(os.path.dirname(HERE), "docs", "benchmarks.md"))
+        report(args.report, os.path.join(os.path.dirname(BENCH), "docs", "benchmarks.md"))
         return
     rows = args.rows.split(",")
     unknown = [r for r in rows if r not in ROWS]

@@ -1,4 +1,4 @@
-"""How well `filtx.compare_donation` agrees with the benchmark report.
+"""Does `filtx.compare_donation`'s memory saving agree with the benchmark report's?
 
 The report (`suites/bench_donation.py`) measures what donation saves the hard
 way: a process per mode, its peak resident memory (`ru_maxrss`) over a blocked
@@ -8,8 +8,8 @@ process. For each optimiser and size, this script runs the report's workers for
 `filtx none` and `filtx arrays` and a comparison of the same step (its own
 process too), and prints both savings and both time ratios:
 
-    python benchmarks/compare_accuracy.py            # SGD and Adam at 16 and 128 MB
-    python benchmarks/compare_accuracy.py --quick    # SGD and Adam at 16 MB
+    python benchmarks/probes/compare_accuracy.py            # SGD and Adam at 16 and 128 MB
+    python benchmarks/probes/compare_accuracy.py --quick    # SGD and Adam at 16 MB
 
 The issue's target: the saving within 10 % of the report's, the time ratio
 within the report's noise. The report's saving is measured twice: over one
@@ -26,6 +26,8 @@ MB of parameters); over one step it is 1.24 / 1.08 (SGD) and 1.20 / 1.03 (Adam)
 times the per-process saving, over the report's loop 0.28-0.50 times; the time
 ratios arrays/none agree (SGD 16: 0.917 against 0.921; Adam 16: 0.707 against
 0.721).
+
+Answered in: `docs/performance-notes.md#the-comparisons-memory-saving-against-the-reports`.
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "suites"))
+BENCH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # benchmarks/, above probes/
+sys.path[:0] = [BENCH, os.path.join(BENCH, "suites")]
 
 import bench_donation  # noqa: E402  (standard library only at import)
 

@@ -1,8 +1,9 @@
-"""Where the time of a training step goes: the Adam loop of `suites/bench_dispatch.py`
-taken apart, each part against the flat-leaves floor measured in the same run.
+"""Where does a training step's time go? The Adam loop of
+`suites/bench_dispatch.py` taken apart, each part against the flat-leaves floor
+measured in the same run.
 
-    python benchmarks/step_parts.py               # 10, 100 and 1000 array leaves
-    python benchmarks/step_parts.py 10 100 --rounds 15
+    python benchmarks/probes/step_parts.py               # 10, 100 and 1000 array leaves
+    python benchmarks/probes/step_parts.py 10 100 --rounds 15
 
 Per step of 100 pipelined, donating Adam steps (model and optimiser state fed
 back; rounds interleaved, who goes first rotated, medians): `jax.jit` on the
@@ -30,6 +31,8 @@ alone, so without the collections its objects cause in a loop), and over the
 
 This is a profile, not a benchmark suite: it reads filtx's internals, and its
 figures are for finding costs, not for the report.
+
+Answered in: `docs/performance-notes.md#where-a-training-steps-time-goes`.
 """
 
 from __future__ import annotations
@@ -40,8 +43,8 @@ import sys
 import time
 import timeit
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [HERE, os.path.join(HERE, "suites")]
+BENCH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # benchmarks/, above probes/
+sys.path[:0] = [BENCH, os.path.join(BENCH, "suites")]
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402

@@ -17,15 +17,15 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1
     python3 -c "import jax, equinox, optax; print('jax', jax.__version__, 'equinox', equinox.__version__, 'optax', optax.__version__); print(jax.devices())"
 } > "$OUT/versions.txt" 2>&1
 taskset -c "${GPU_CORES:-0-11}" env COMPARE_STABILITY_JSON="$OUT/gpu.json" \
-    timeout "${GPU_SECONDS:-420}" python3 benchmarks/compare_stability.py --runs "${GPU_RUNS:-5}" --sizes "${GPU_SIZES:-256,64,4}" \
+    timeout "${GPU_SECONDS:-420}" python3 benchmarks/probes/compare_stability.py --runs "${GPU_RUNS:-5}" --sizes "${GPU_SIZES:-256,64,4}" \
     > "$OUT/gpu.md" 2>&1
 echo "gpu exit $?" >> "$OUT/gpu.md"
 for mb in ${FIRST_SIZES:-256 64 4}; do
-    taskset -c "${GPU_CORES:-0-11}" timeout 60 python3 benchmarks/compare_stability.py --first "$mb"
+    taskset -c "${GPU_CORES:-0-11}" timeout 60 python3 benchmarks/probes/compare_stability.py --first "$mb"
 done > "$OUT/first.txt" 2>&1
 if [ "${CPU_RUNS:-0}" != 0 ]; then
     taskset -c "${CPU_CORES:-14,15}" env JAX_PLATFORMS=cpu COMPARE_STABILITY_JSON="$OUT/cpu.json" \
-        timeout "${CPU_SECONDS:-300}" python3 benchmarks/compare_stability.py --runs "${CPU_RUNS}" --sizes "${CPU_SIZES:-4,64}" \
+        timeout "${CPU_SECONDS:-300}" python3 benchmarks/probes/compare_stability.py --runs "${CPU_RUNS}" --sizes "${CPU_SIZES:-4,64}" \
         > "$OUT/cpu.md" 2>&1
     echo "cpu exit $?" >> "$OUT/cpu.md"
 fi

@@ -11,10 +11,10 @@ copy of the batch per step where the mode donates it, made beforehand), one
 block at the end, the modes alternating, 5 rounds; the loop's figure is the
 median of its rounds.
 
-    python benchmarks/compare_stability.py                 # 5 runs at 4, 64 and 256 MB
-    python benchmarks/compare_stability.py --runs 3 --sizes 4,64
-    COMPARE_STABILITY_JSON=run.json python benchmarks/compare_stability.py   # keep the figures, then
-    python benchmarks/compare_stability.py --report "2 cores here=run.json" ...  # their section of docs/benchmarks.md
+    python benchmarks/probes/compare_stability.py                 # 5 runs at 4, 64 and 256 MB
+    python benchmarks/probes/compare_stability.py --runs 3 --sizes 4,64
+    COMPARE_STABILITY_JSON=run.json python benchmarks/probes/compare_stability.py   # keep the figures, then
+    python benchmarks/probes/compare_stability.py --report "2 cores here=run.json" ...  # their section of docs/benchmarks.md
 
 The figures the report's section was written from are kept in
 `benchmarks/results/compare_stability/` (its README says which run each is).
@@ -35,10 +35,15 @@ were made, the gap below the compile's high-water mark filled first, as
 
 Two probes say why figures differ, each in one fresh process:
 
-    python benchmarks/compare_stability.py --first 256   # a loop from fresh copies against one that goes on
-    python benchmarks/compare_stability.py --why 256     # the allocator's peak under donation, five ways
+    python benchmarks/probes/compare_stability.py --first 256   # a loop from fresh copies against one that goes on
+    python benchmarks/probes/compare_stability.py --why 256     # the allocator's peak under donation, five ways
 
 and `--rules FILE...` reads saved runs with other range rules.
+
+Answered in: `docs/performance-notes.md#does-one-comparison-say-what-a-loop-sees`
+(and the donation guide, `docs/donation.md#reading-a-time-and-a-devices-peak`),
+and its section of `docs/benchmarks.md` (`--report`), from the runs saved in
+`benchmarks/results/compare_stability/`.
 """
 
 from __future__ import annotations
@@ -50,8 +55,8 @@ import statistics
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+BENCH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # benchmarks/, above probes/
+sys.path.insert(0, BENCH)
 
 WIDTH = int(os.environ.get("COMPARE_WIDTH", 1024))  # 2048: the issue's GPU model
 BATCH, STEPS, HAND_ROUNDS = 64, 30, 5
@@ -398,8 +403,8 @@ def report(sources: list[str], page_path: str) -> None:
         "figure lies in the row's `seconds_range`; *allowed*: the spread of the loop's figure across the "
         "runs plus 10 % of its median (issue 33's targets: inside in every run, the range no wider than "
         "allowed, the median within 10 % of the loop's in all runs but one). "
-        "`benchmarks/README.md` says what the figures show; the donation guide says why a non-donating "
-        "step's time moves.", "",
+        "The [performance notes](performance-notes.md#does-one-comparison-say-what-a-loop-sees) say what "
+        "the figures show; the donation guide says why a non-donating step's time moves.", "",
     ]
     head = ["where", "size", "mode", "loop ms/step", "median / loop", "within 10 %", "inside",
             "widest range / allowed", "default run s"]
@@ -480,7 +485,7 @@ if __name__ == "__main__":
     elif len(sys.argv) == 4 and sys.argv[1] == "--probe":
         print(json.dumps(probe_worker(float(sys.argv[2]), sys.argv[3])), flush=True)
     elif len(sys.argv) >= 3 and sys.argv[1] == "--report":
-        report(sys.argv[2:], os.path.join(os.path.dirname(HERE), "docs", "benchmarks.md"))
+        report(sys.argv[2:], os.path.join(os.path.dirname(BENCH), "docs", "benchmarks.md"))
     elif len(sys.argv) >= 3 and sys.argv[1] == "--rules":
         rules(sys.argv[2:])
     elif len(sys.argv) == 3 and sys.argv[1] == "--first":

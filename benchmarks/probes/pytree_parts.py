@@ -1,8 +1,9 @@
-"""Where a plain pytree's call goes: `filtx.filter_jit`'s laid-out and full paths on the dict
-Adam step of `suites/bench_pytrees.py`, taken apart piece by piece.
+"""Where does a plain pytree's call go? `filtx.filter_jit`'s laid-out and full
+paths on the dict Adam step of `suites/bench_pytrees.py`, taken apart piece by
+piece.
 
-    python benchmarks/pytree_parts.py             # 10, 100 and 1000 parameter leaves
-    python benchmarks/pytree_parts.py 10 --number 20000
+    python benchmarks/probes/pytree_parts.py             # 10, 100 and 1000 parameter leaves
+    python benchmarks/probes/pytree_parts.py 10 --number 20000
 
 Each piece of a warm call's host work is timed alone (best of 7 repeats of a
 tight loop, µs per call), on a call whose arguments are the step's parameters
@@ -29,6 +30,8 @@ and Adam state, after the wrapper has compiled and settled:
 
 This is a profile, not a benchmark suite: it reads filtx's internals, and its
 figures are for finding costs, not for the report.
+
+Answered in: `docs/performance-notes.md#plain-pytrees-against-their-floor`.
 """
 
 from __future__ import annotations
@@ -38,8 +41,8 @@ import os
 import sys
 import timeit
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [HERE, os.path.join(HERE, "suites")]
+BENCH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # benchmarks/, above probes/
+sys.path[:0] = [BENCH, os.path.join(BENCH, "suites")]
 
 import jax  # noqa: E402
 

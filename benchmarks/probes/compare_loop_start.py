@@ -1,4 +1,4 @@
-"""Which part of a short training loop differs from a comparison's round.
+"""Which part of a short training loop differs from a comparison's round?
 
 An Adam step on an `eqx.nn.MLP` under `filtx.filter_jit(donate=MODE)`, in one
 process, three variants interleaved over 10 rounds, medians per step:
@@ -8,14 +8,16 @@ process, three variants interleaved over 10 rounds, medians per step:
 - B: 30 steps going on from the last state;
 - C: ROUND steps going on from the last state (as a comparison's round).
 
-    python benchmarks/compare_loop_start.py MB MODE [WIDTH [ROUND]]
-    python benchmarks/compare_loop_start.py 4 none 1024 81
+    python benchmarks/probes/compare_loop_start.py MB MODE [WIDTH [ROUND]]
+    python benchmarks/probes/compare_loop_start.py 4 none 1024 81
 
 Measured 2026-11-27 on two pinned cores of a 16-core host (JAX 0.11.2, A / B /
 C ms): 4 MB `none` 3.163 / 2.963 / 2.828; `arrays` 2.074 / 2.131 / 2.129; 64 MB
 `none` 69.9 / 67.9 / 62.4; `arrays` 49.4 / 49.6 / 50.1. On an H200, width
 2048, 272 MB, ROUND 173: `none` 1.125 / 1.121 / 1.081; `arrays` 1.199 / 1.205 /
 1.159 (the donation guide, "Reading a time").
+
+Answered in: `docs/performance-notes.md#a-loops-start-against-a-comparisons-round`.
 """
 import sys, time, statistics, json
 import jax, jax.numpy as jnp, equinox as eqx, optax

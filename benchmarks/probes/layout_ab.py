@@ -1,7 +1,7 @@
-"""What the call layout buys: the same loops with and without it, in one process.
+"""What does the call layout buy? The same loops with and without it, in one process.
 
-    python benchmarks/layout_ab.py                 # every row, 11 rounds
-    python benchmarks/layout_ab.py --rounds 21 inference-100 gru
+    python benchmarks/probes/layout_ab.py                 # every row, 11 rounds
+    python benchmarks/probes/layout_ab.py --rounds 21 inference-100 gru
 
 A *layout* (`filtx/_fastpath/layout.py`) lays a call out as the last ones
 were, without flattening its arguments: checks per argument, then the dynamic
@@ -23,6 +23,8 @@ boundary's layouts turned off (`Boundary.layouts = False`: every call takes
 the full path). Their rounds alternate, who goes first rotated; the figure is
 the median over rounds of the round's `no layout / layout`. Above 1, the
 layout saves that much. This is a profile: it reads filtx's internals.
+
+Answered in: `docs/performance-notes.md#what-the-call-layout-buys`.
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ import statistics
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [HERE, os.path.join(HERE, "suites")]
+BENCH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # benchmarks/, above probes/
+sys.path[:0] = [BENCH, os.path.join(BENCH, "suites")]
 
 from _support import devices  # noqa: E402
 

@@ -1,8 +1,9 @@
-"""What Python's garbage collector costs a training step, and what `gc.freeze()`
-does to it: the donating Adam loop of `suites/bench_dispatch.py`, every variant.
+"""What does Python's garbage collector cost a training step, and what does
+`gc.freeze()` do to it? The donating Adam loop of `suites/bench_dispatch.py`,
+every variant.
 
-    python benchmarks/gc_profile.py               # 10, 100 and 1000 array leaves
-    python benchmarks/gc_profile.py 1000 --rounds 9
+    python benchmarks/probes/gc_profile.py               # 10, 100 and 1000 array leaves
+    python benchmarks/probes/gc_profile.py 1000 --rounds 9
 
 For each variant (`jax.jit` on the flat leaves, `jax.jit(donate_argnums)` on the
 partitioned parameters, `filtx.filter_jit`, `eqx.filter_jit`), 100 pipelined
@@ -12,8 +13,9 @@ then the same with `gc.freeze()` called once after setup (every object alive the
 the model, JAX's and the libraries' own, moved out of the collector's reach, as
 a training script can do before its loop).
 
-This is a profile for finding costs, not a benchmark suite: its figures are
-quoted in `benchmarks/README.md`.
+This is a profile for finding costs, not a benchmark suite.
+
+Answered in: `docs/performance-notes.md#what-the-garbage-collector-costs-a-step`.
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ import os
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [HERE, os.path.join(HERE, "suites")]
+BENCH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # benchmarks/, above probes/
+sys.path[:0] = [BENCH, os.path.join(BENCH, "suites")]
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
