@@ -3,9 +3,13 @@ lets wrappers of the same code share compiled entries."""
 
 from __future__ import annotations
 
+import functools
 import threading
+import types
 import weakref
 from typing import Any, Callable
+
+import jax
 
 __all__ = ["clear_caches"]
 
@@ -89,6 +93,10 @@ class BoundedCache:
 _TABLE_LOCK = threading.Lock()
 _TABLE_ATTRIBUTE = "__filtx_shared__"
 
+# States shared by the instances of a pytree class (a Module): at most this many,
+# the oldest dropped first. They hold those instances' structure, never the instances.
+MAX_SHARED_STRUCTURES = 64
+
 
 class _Unshared(threading.local):
     depth = 0
@@ -109,22 +117,30 @@ class unshared:
 
 
 class _Table(dict):
-    """The compile state kept on a function (or class), by key. It pickles empty:
-    cloudpickle carries a function's `__dict__` with it, and locks and compiled
-    executables must not travel (the receiving process builds its own)."""
+    """The compile state kept on one function or object, by key.
 
-    __slots__ = ()
+    It names its owner (by `id`): a table reached through another object's
+    `__dict__` (one copied by `copy.copy`, or by `functools.wraps` onto a
+    decorator's function) is not that object's, which starts its own. And it
+    pickles as an empty `dict`: cloudpickle carries a function's `__dict__` and
+    pickle an object's, and nothing of filtx may travel with them (the
+    receiving process may have no filtx; with one, it builds its own state).
+    """
+
+    __slots__ = ("owner",)
+    owner: int
 
     def __reduce__(self):
-        return (_Table, ())
+        return (dict, ())
+
+
+_STRUCTURES = BoundedCache(MAX_SHARED_STRUCTURES)
 
 
 def code_owner(fun: Any) -> Any:
-    """The object whose code runs when `fun` is called: the function itself, a
-    partial's or a method's function, or a callable object's class."""
-    import functools
-    import types
-
+    """The code that runs when `fun` is called: the function itself, a
+    partial's or a method's function, or a callable object's class. A part of
+    the sharing key (and what JAX names in errors), never a holder of state."""
     if isinstance(fun, functools.partial):
         return code_owner(fun.func)
     if isinstance(fun, types.MethodType):
@@ -134,30 +150,91 @@ def code_owner(fun: Any) -> Any:
     return type(fun)
 
 
-def shared_by_code(fun: Any, key: Any, make: Callable[[], Any]) -> Any:
-    """The object `make()` built for `key` on `fun`'s code, shared by every wrapper
-    whose `key` is equal; a fresh one when `key` is unhashable or the code owner
-    takes no attributes.
+def state_holder(fun: Any) -> Any:
+    """Where the compile state of a wrapper of `fun` is kept, so that it dies
+    with what it compiled (`_core/README.md`, "Where compile state lives"):
 
-    The table lives on the function (or class) itself, so it lives and dies with
-    it: a dropped lambda releases its compiled entries and what it closed over.
-    """
+    - a plain function, or a partial of one: the function (its `__dict__`);
+    - a callable object, a bound method's instance, or the callable of a
+      partial that is not a function: that object, where it takes attributes
+      as a plain object does (`takes_state`);
+    - else, a callable object or a method's instance that is a pytree node (a
+      Module): `_STRUCTURES`, a bounded cache shared by its class's instances,
+      since the state holds their structure, not them;
+    - else `None`: the wrapper's own state, shared with no other wrapper.
+
+    Never a class, nor a class's function: a bound method's state is its
+    instance's, or the wrapper's own."""
+    if isinstance(fun, types.FunctionType):
+        return fun
+    if isinstance(fun, functools.partial):
+        if isinstance(fun.func, types.FunctionType):
+            return fun.func
+        holder = state_holder(fun.func)  # the callable is a partial's structure: it holds all of it
+        return None if holder is _STRUCTURES else holder
+    obj = fun.__self__ if isinstance(fun, types.MethodType) else fun
+    if takes_state(obj):
+        return obj
+    return _STRUCTURES if _flattened(obj) else None
+
+
+def takes_state(obj: Any) -> bool:
+    """Whether compile state may be kept on `obj`: an object with a `__dict__`
+    of its own whose class sets attributes and compares as `object` does (no
+    `__setattr__`, no `__eq__`), so nothing it shows or compares changes but
+    `vars(obj)`. Not a class or a module; not a frozen dataclass, a Module, an
+    object with `__slots__` alone, nor one whose `__setattr__` or `__eq__` is
+    its own."""
+    cls = type(obj)
+    return (
+        cls.__setattr__ is object.__setattr__
+        and cls.__eq__ is object.__eq__
+        and type(getattr(obj, "__dict__", None)) is dict
+        and not isinstance(obj, (type, types.ModuleType))
+    )
+
+
+def _flattened(obj: Any) -> bool:
+    """Whether `obj` is a pytree node that does not keep itself as its
+    structure's data (a Module: its arrays and fields are leaves)."""
+    data = jax.tree_util.tree_structure(obj, is_leaf=lambda x: x is not obj).node_data()
+    return data is not None and data[1] is not obj
+
+
+def _table(holder: Any) -> _Table:
+    """`holder`'s own table, made where it has none (or one that is not its own)."""
+    table = holder.__dict__.get(_TABLE_ATTRIBUTE)
+    if type(table) is not _Table or table.owner != id(holder):
+        table = _Table()
+        table.owner = id(holder)
+        holder.__dict__[_TABLE_ATTRIBUTE] = table
+    return table
+
+
+def shared_by_code(fun: Any, key: Any, make: Callable[[], Any]) -> Any:
+    """The object `make()` built for `key` and `fun`'s code, shared by every
+    wrapper of `fun` whose `key` is equal; kept where `state_holder(fun)` says,
+    so that it lives and dies with what it compiled (a dropped lambda, object
+    or instance releases its compiled entries and what it held). A fresh one
+    when `key` is unhashable or there is nowhere to keep it."""
     if _unshared.depth:
         return make()
-    owner = code_owner(fun)
+    key = (code_owner(fun), key)
     try:
         hash(key)
-        with _TABLE_LOCK:
-            table = vars(owner).get(_TABLE_ATTRIBUTE)
-            if table is None:
-                table = _Table()
-                setattr(owner, _TABLE_ATTRIBUTE, table)
-            found = table.get(key)
-            if found is None:
-                found = table[key] = make()
-        return found
-    except (TypeError, AttributeError):
+    except TypeError:
         return make()
+    holder = state_holder(fun)
+    if holder is None:
+        return make()
+    if holder is _STRUCTURES:
+        return _STRUCTURES.get_or_build(key, make)
+    with _TABLE_LOCK:
+        table = _table(holder)
+        found = table.get(key)
+        if found is None:
+            found = table[key] = make()
+    return found
 
 
 def is_table_attribute(name: str) -> bool:
