@@ -3,15 +3,24 @@
 method, a wrapped Module), before and after a call, and works in a fresh
 process; compile state never travels; an unpickled wrapper equal to a live one
 shares its compiled entries. One subprocess runs every shipped case, and one
-spawned worker runs a training step."""
+spawned worker runs a training step.
+
+What a pickle names of filtx stays put: its public names and
+`filtx._pickling.remake`, nothing private. A function once wrapped, pickled by
+value, loads where filtx cannot be imported; wrappers pickled by filtx 0.2.0
+(`fixtures/`, see its README) load and run."""
 
 import concurrent.futures
 import copy
 import functools
+import importlib
+import io
+import json
 import multiprocessing
 import os
 import pathlib
 import pickle
+import pickletools
 import subprocess
 import sys
 
@@ -25,9 +34,27 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import filtx
+from filtx._transforms import pickling as _pickling, wrapper as _wrapper
 
 TESTS = pathlib.Path(__file__).parent
+FIXTURES = TESTS / "fixtures"
 X = jnp.arange(4.0)
+REMAKE = ("filtx._pickling", "remake")
+
+
+def _filtx_names(payload: bytes) -> set:
+    """What a pickle names of filtx: the globals it loads from filtx's modules,
+    and every other string that names one of them. Loads it (in this process)."""
+
+    class Recording(pickle.Unpickler):
+        def find_class(self, module, name):
+            found.add((module, name))
+            return super().find_class(module, name)
+
+    found = set()
+    Recording(io.BytesIO(payload)).load()
+    strings = {arg for _, arg, _ in pickletools.genops(payload) if isinstance(arg, str) and arg.startswith("filtx.")}
+    return {(m, n) for m, n in found if m.split(".")[0] == "filtx"} | {(s, None) for s in strings - {REMAKE[0]}}
 
 
 def _closure(n):
@@ -90,6 +117,8 @@ def test_every_wrapper_kind_pickles_and_runs_in_a_fresh_process():
         for when, payload in (("before", before), ("after", after)):
             # Nothing of the compile state travels: no lock, no compiled entry.
             assert b"_thread" not in payload and b"Boundary" not in payload and b"Entry" not in payload, label
+            # Of filtx, only its public names (by getattr on the package) and remake.
+            assert _filtx_names(payload) <= {REMAKE}, label
             shipped.append((f"{label}, {when} a call", payload, pickler.__name__, args))
             expected[f"{label}, {when} a call"] = (result, getattr(wrapper, "options", None))
     done = subprocess.run(
@@ -160,16 +189,68 @@ def test_a_wrapper_rebuilt_as_a_pytree_pickles_as_the_user_gave_it():
     np.testing.assert_allclose(back(X), X * 2)
 
 
-def test_the_function_carries_no_compile_state_by_value():
-    scale = _closure(2)
+_WITHOUT_FILTX = """
+import pickle, sys
+sys.modules["filtx"] = None  # `import filtx` fails in this process
+fun = pickle.loads(sys.stdin.buffer.read())
+assert not [m for m, module in sys.modules.items() if m.startswith("filtx") and module is not None]
+print(fun(2.0), vars(fun))
+"""
+
+
+def test_a_function_once_wrapped_cloudpickles_to_a_process_without_filtx():
+    """cloudpickle carries a function's `__dict__`, where its compile state is:
+    that pickles as an empty dict, and nothing of filtx travels."""
+    scale = _closure(3)
     wrapper = filtx.filter_jit(scale)
     wrapper(X)
     assert "__filtx_shared__" in vars(scale)
     payload = cloudpickle.dumps(scale)  # by value, with its __dict__
-    assert b"_thread" not in payload
-    back = cloudpickle.loads(payload)
-    assert len(vars(back).get("__filtx_shared__", {})) == 0
-    np.testing.assert_allclose(copy.copy(wrapper)(X), X * 2 - 1)
+    assert b"filtx." not in payload and b"_thread" not in payload
+    done = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_FILTX], input=payload, capture_output=True, timeout=60, check=False,
+    )
+    assert done.returncode == 0, done.stderr.decode()[-4000:]
+    assert done.stdout.decode().split(maxsplit=1) == ["5.0", "{'__filtx_shared__': {}}\n"]
+    np.testing.assert_allclose(copy.copy(wrapper)(X), X * 3 - 1)
+
+
+def test_the_remake_path_does_not_move_and_0_2_0_s_paths_name_public_objects():
+    """`filtx._pickling.remake` is promised (the layout's README) and importable;
+    the private paths filtx 0.2.0's pickles name give filtx's public objects."""
+    assert importlib.import_module(REMAKE[0]).remake is _pickling.remake
+    assert (_pickling.remake.__module__, _pickling.remake.__qualname__) == REMAKE
+    assert "`filtx._pickling.remake`" in (TESTS.parent / "filtx" / "_transforms" / "README.md").read_text()
+    for path, names in _pickling.LEGACY.items():
+        module = importlib.import_module(path)
+        for name in names:
+            assert getattr(module, name) is (_wrapper.Bound if name == "Bound" else getattr(filtx, name)), (path, name)
+        with pytest.raises(AttributeError):
+            module.Wrapper  # noqa: B018
+
+
+def test_options_holding_filtx_objects_pickle_by_public_name():
+    wrapper = filtx.filter_vmap(
+        _pickled.scale, in_axes=(filtx.if_array(0), filtx.static), specs={"n": filtx.traced}, out_axes=filtx.if_array(0),
+    )
+    payload = pickle.dumps(wrapper)
+    assert _filtx_names(payload) == {REMAKE}
+    back = pickle.loads(payload)
+    assert back == wrapper and back.options["in_axes"][1] is filtx.static
+    np.testing.assert_allclose(back(jnp.ones((2, 3)), 4.0), np.full((2, 3), 4.0))
+
+
+_V020 = json.loads((FIXTURES / "v020_expected.json").read_text())
+
+
+@pytest.mark.parametrize("name", list(_V020))
+def test_a_wrapper_pickled_by_filtx_0_2_0_loads_and_runs(name, monkeypatch):
+    monkeypatch.syspath_prepend(str(FIXTURES))  # what the wrappers wrap: fixtures/filtx020_defs.py
+    case = _V020[name]
+    wrapper = pickle.loads((FIXTURES / f"v020_{name}.pkl").read_bytes())
+    out = wrapper(*map(jnp.asarray, case["args"]), **case["kwargs"])
+    np.testing.assert_allclose(out, case["out"], rtol=1e-6)
+    assert _filtx_names(pickle.dumps(wrapper)) <= {REMAKE}  # pickled again: public names only
 
 
 def test_a_script_s_wrapper_goes_by_name_with_pickle_and_by_value_with_cloudpickle(monkeypatch):

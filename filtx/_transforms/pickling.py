@@ -9,11 +9,19 @@ module-level function or a method) pickles by name, as functions do, so plain
 with cloudpickle where the function needs it. cloudpickle and dill pickle what
 `__main__` defines by value: under them, a wrapper of `__main__` travels by
 value too, since the other process may run another `__main__`.
+
+What a pickle names of filtx does not move: its public names (`filtx.filter_jit`,
+`filtx.traced`, `filtx.if_array(0)`, written as `getattr(importlib.import_module(
+"filtx"), name)`) and one function, `filtx._pickling.remake`, the path filtx 0.2.0
+wrote and every later filtx keeps (`STABLE_PATH`). The private modules 0.2.0's
+pickles also name (`filtx._jit.filter_jit`, `filtx._roles.traced`,
+`filtx._wrapper.Bound`) are kept as aliases of those names (`LEGACY`).
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import pickle
 import sys
 import types
@@ -22,23 +30,136 @@ from typing import Any
 
 import jax
 
-__all__ = ["reduce_wrapper"]
+from .._core.roles import Role, if_array, is_array
+
+__all__ = ["reduce_wrapper", "reduce_bound", "remake", "STABLE_PATH", "LEGACY"]
+
+# The one path of filtx a pickle names besides its public names. Never moved.
+STABLE_PATH = "filtx._pickling"
+
+# What the pickles filtx 0.2.0 wrote name, by module: public names of filtx,
+# and the bound-method class (a wrapper bound to an instance).
+LEGACY = {
+    "filtx._jit": ("filter_jit",),
+    "filtx._vmap": ("filter_vmap",),
+    "filtx._pmap": ("filter_pmap",),
+    "filtx._shard_map": ("filter_shard_map",),
+    "filtx._roles": ("static", "traced", "donate", "is_array", "if_array"),
+    "filtx._wrapper": ("Bound",),
+}
 
 
 def reduce_wrapper(wrapper: Any) -> Any:
     """`wrapper.__reduce__()`: its module-level name, or `(remake, (factory,
-    function, options))`."""
+    function, options))` with the factory and any of filtx's objects in the
+    options by their public names."""
     name = _module_name(wrapper)
     if name is not None and not (wrapper.__module__ == "__main__" and _pickler_by_value()):
         return name
-    factory, options = wrapper._factory, wrapper._options.kwargs()
+    options = wrapper._options.kwargs()
     _check_options(wrapper, options)
-    return (remake, (factory, _given(wrapper, wrapper), options))
+    return (remake, (_public(wrapper._factory.__name__), _given(wrapper, wrapper), _public_options(options)))
+
+
+def reduce_bound(bound: Any) -> Any:
+    """A wrapper bound to an instance (`model.step`), pickled as
+    `wrapper.__get__(instance)`: the wrapper, the instance and nothing else."""
+    return (_Attribute(bound.func, "__get__"), bound.args)
 
 
 def remake(factory: Callable, fun: Any, options: dict) -> Any:
-    """The wrapper `factory(fun, **options)`: what an unpickled wrapper is."""
+    """The wrapper `factory(fun, **options)`: what an unpickled wrapper is. At
+    `filtx._pickling.remake` for good: pickles made by filtx 0.2.0 name it."""
     return factory(fun, **options)
+
+
+remake.__module__ = STABLE_PATH  # pickled as `filtx._pickling.remake` (see _install_stable_paths)
+
+
+class _Package:
+    """The `filtx` package in a pickle: `importlib.import_module("filtx")`."""
+
+    __slots__ = ()
+
+    def __reduce__(self):
+        return (importlib.import_module, ("filtx",))
+
+
+_FILTX = _Package()
+
+
+class _Attribute:
+    """`getattr(owner, name)` in a pickle, or with `args` what calling it makes:
+    a public name of filtx (`owner` the package: `filtx.traced`,
+    `filtx.if_array(0)`), or a wrapper's `__get__`. Callable, as pickle asks of
+    what it calls when loading."""
+
+    __slots__ = ("owner", "name", "args")
+
+    def __init__(self, owner: Any, name: str, args: tuple | None = None):
+        self.owner, self.name, self.args = owner, name, args
+
+    def __call__(self, *args: Any) -> Any:
+        owner = importlib.import_module("filtx") if self.owner is _FILTX else self.owner
+        return getattr(owner, self.name)(*args)
+
+    def __reduce__(self):
+        if self.args is not None:
+            return (_Attribute(self.owner, self.name), self.args)
+        return (getattr, (self.owner, self.name))
+
+
+def _public(name: str, args: tuple | None = None) -> _Attribute:
+    return _Attribute(_FILTX, name, args)
+
+
+def _public_form(x: Any) -> _Attribute | None:
+    """`x` by its public name, if it is one of filtx's objects an option holds."""
+    if isinstance(x, Role):
+        return _public(x.name)
+    if type(x) is if_array:
+        return _public("if_array", (x.axis,))
+    if x is is_array:
+        return _public("is_array")
+    return None
+
+
+def _public_options(options: dict) -> dict:
+    """The options with filtx's objects in them (roles in `specs`, `if_array` in
+    axes) by their public names; the options themselves where there are none."""
+    if all(_public_form(x) is None for x in jax.tree_util.tree_leaves(options)):
+        return options
+    return jax.tree_util.tree_map(lambda x: _public_form(x) or x, options)
+
+
+def _legacy_module(path: str, names: tuple) -> types.ModuleType:
+    """An alias of 0.2.0's module `path`: each of `names` as filtx names it now."""
+    module = types.ModuleType(path, f"What filtx 0.2.0's pickles name in `{path}` (see filtx._transforms.pickling).")
+
+    def __getattr__(name: str) -> Any:
+        if name not in names:
+            raise AttributeError(f"module {path!r} has no attribute {name!r}")
+        if name == "Bound":
+            from .wrapper import Bound
+
+            return Bound
+        return getattr(importlib.import_module("filtx"), name)
+
+    setattr(module, "__getattr__", __getattr__)  # PEP 562: a module's own __getattr__
+    return module
+
+
+def _install_stable_paths() -> None:
+    """`filtx._pickling` (with `remake`) and 0.2.0's module paths, importable
+    wherever filtx is: pickle imports each module a pickle names."""
+    stable = types.ModuleType(STABLE_PATH, "The path of filtx that pickles name: `remake` (see filtx._transforms.pickling).")
+    setattr(stable, "remake", remake)
+    sys.modules[STABLE_PATH] = stable
+    for path, names in LEGACY.items():
+        sys.modules[path] = _legacy_module(path, names)
+
+
+_install_stable_paths()
 
 
 def _module_name(wrapper: Any) -> str | None:

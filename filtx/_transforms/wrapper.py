@@ -21,7 +21,7 @@ from .._core.errors import aliased_ref_error, deleted_array_error, rename_dynami
 from .._core.eqx_errors import equinox_runtime_error, without_filtx_frames
 from .._fastpath.reuse import SWITCH as reuse_switch
 from .options import Options
-from .pickling import reduce_wrapper
+from .pickling import reduce_bound, reduce_wrapper
 from .._core.roles import is_ref
 from .._core.signature import signature_key
 
@@ -318,6 +318,10 @@ class Bound(jax.tree_util.Partial):
 
     def clear_cache(self) -> None:
         self.func.clear_cache()
+
+    def __reduce__(self):
+        # Pickled as `wrapper.__get__(instance)`, naming nothing of filtx's but the wrapper.
+        return reduce_bound(self)
 
 
 jax.tree_util.register_pytree_node(
