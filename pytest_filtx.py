@@ -19,7 +19,11 @@ outputs fed back and donated inputs copied outside the timed region, as in
 mode, `calls_per_round`, `first_call_seconds`, `peak_bytes` (XLA's simulated
 heap peak, per device for sharded steps; `peak_source` says where it came
 from), `donated_bytes`, `reused_bytes` and `unusable` (paths); a figure the
-backend does not give is left out.
+backend does not give is left out. With `capacity=make_args` (and
+`capacity_limit=` bytes, on CPU), what fits in that mode too, as
+`filtx.compare_capacity` finds it: `capacity_n`, `capacity_peak_bytes`,
+`capacity_over`, `capacity_over_peak_bytes`, `capacity_limit` and, where a
+real loop verified it, `capacity_device_peak_bytes`.
 """
 
 from __future__ import annotations
@@ -36,8 +40,10 @@ def donation_benchmark(request: Any) -> Any:
     """Benchmark a step under one donation mode, as one pytest-benchmark entry.
 
     Call it once per test: `donation_benchmark(step, *args, mode=..., feed=None,
-    calls=None, rounds=10, **kwargs)`, with `step`, `feed` and the arguments as
-    in `filtx.compare_donation`; it returns the step's last output. Entries are
+    calls=None, rounds=10, capacity=None, capacity_limit=None, **kwargs)`, with
+    `step`, `feed` and the arguments as in `filtx.compare_donation`, and
+    `capacity=make_args`, `capacity_limit=` as `make_args` and `limit` in
+    `filtx.compare_capacity`; it returns the step's last output. Entries are
     grouped by test function (unless a `benchmark(group=...)` marker says
     otherwise), so `--benchmark-compare` and `--benchmark-histogram` set the
     modes side by side."""

@@ -81,6 +81,18 @@ def test_the_demo_measures_the_step_with_compare_donation(quick_run):
     assert abs(saved - parameter_mb) < 0.05 * parameter_mb, (saved, parameter_mb)  # all of it reused
 
 
+def test_the_demo_says_what_fits_per_mode(quick_run):
+    """The second table: compare_capacity over the MLP's width, under the demo's
+    CPU limit; donating trains a wider model, by the state a loop keeps in flight."""
+    assert quick_run.returncode == 0, quick_run.stderr
+    assert "What fits per mode: filtx.compare_capacity" in quick_run.stdout
+    rows = parse_table(quick_run.stdout, which=1)
+    assert list(rows) == ["none", "arrays / warn"]
+    none, donated = rows["none"], rows["arrays / warn"]
+    assert int(none["n"]) % 128 == 0 and int(donated["n"]) > 1.3 * int(none["n"])
+    assert float(donated["x none"]) > 1.3 and donated["in flight"] == "0 B"
+
+
 def test_final_losses_are_finite_and_identical_across_modes(quick_run):
     rows = parse_table(quick_run.stdout)
     losses = [float(row["final loss"]) for row in rows.values()]

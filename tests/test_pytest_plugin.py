@@ -7,6 +7,7 @@ import json
 pytest_plugins = ("pytester",)
 
 _SUITE = '''
+import jax
 import jax.numpy as jnp
 import pytest
 import filtx
@@ -22,7 +23,9 @@ BATCH = jnp.ones(8)
 
 @pytest.mark.parametrize("mode", ["none", "arrays"])
 def test_train_step(donation_benchmark, mode):
-    params, momentum, loss = donation_benchmark(train_step, PARAMS, MOMENTUM, BATCH, mode=mode, rounds=3, calls=4)
+    batches = lambda n: ((PARAMS, MOMENTUM, jax.ShapeDtypeStruct((n,), jnp.float32)), {})
+    params, momentum, loss = donation_benchmark(
+        train_step, PARAMS, MOMENTUM, BATCH, mode=mode, rounds=3, calls=4, capacity=batches, capacity_limit=2**20)
     assert params["w"].shape == (16384,)
     assert not PARAMS["w"].is_deleted()
 '''
@@ -53,6 +56,10 @@ def test_the_fixture_gives_one_entry_per_mode_with_bytes(pytester, monkeypatch):
         low, high = entry["extra_info"]["seconds_range"]
         assert low < entry["stats"]["median"] < high and isinstance(entry["extra_info"]["unsteady"], bool)
         assert "device_peak_bytes" not in entry["extra_info"]  # CPU: no allocator statistics
+        info = entry["extra_info"]  # what fits in this mode: compare_capacity's row
+        assert info["capacity_limit"] == 2**20 and info["capacity_peak_bytes"] <= 2**20 < info["capacity_over_peak_bytes"]
+        assert info["capacity_verified"].startswith("predicted only")
+    assert arrays["extra_info"]["capacity_n"] > none["extra_info"]["capacity_n"]  # donating fits a larger batch
 
 
 def test_importing_the_plugin_loads_no_jax(pytester):

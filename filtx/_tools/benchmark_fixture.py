@@ -1,11 +1,13 @@
 """The body of the `donation_benchmark` fixture (`pytest_plugin`): a thin layer
-over pytest-benchmark's fixture and one `_tools.compare.loop.Run`."""
+over pytest-benchmark's fixture and one `_tools.compare.loop.Run` (and, with
+`capacity=make_args`, one row of `compare_capacity`)."""
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
 from .compare.donation import calls_per_round, own_peak_calls, quiet_donation_warnings, settle_calls, time_range, unsteady
+from .compare.capacity import compare_capacity
 from .compare.modes import make_runs
 from .compare.memory import device_memory, memory_figures
 
@@ -19,7 +21,8 @@ class DonationBenchmark:
 
     def __call__(
         self, step: Any, /, *args: Any, mode: str | None = None, feed: Callable | None = None,
-        calls: int | None = None, rounds: int = 10, **kwargs: Any,
+        calls: int | None = None, rounds: int = 10, capacity: Callable | None = None,
+        capacity_limit: int | None = None, **kwargs: Any,
     ) -> Any:
         benchmark = self.benchmark
         (run,) = make_runs(step, args, kwargs, None if mode is None else [mode], feed)[:1]
@@ -65,4 +68,10 @@ class DonationBenchmark:
             info["bytes_per_device_of"] = devices
         if unusable is not None:
             info["unusable"] = list(unusable)
+        if capacity is not None:  # what fits in this mode: compare_capacity's row, for make_args `capacity`
+            (row,) = compare_capacity(step, capacity, modes=[run.modes[0]], limit=capacity_limit, feed=feed).as_dicts()
+            info.update({f"capacity_{key}": row[key] for key in _CAPACITY if row.get(key) is not None})
         return run.out
+
+
+_CAPACITY = ("n", "peak_bytes", "over", "over_peak_bytes", "limit", "device_peak_bytes", "verified", "error")

@@ -19,7 +19,8 @@ training loop rebinds `model` and keeps no other reference to it.
 
 `filtx.compare_donation` measures the step first, in one subprocess: time per
 step with the modes interleaved round-robin, the memory the compiled step needs
-(XLA's peak), what was donated and reused, whether the results agree. Then each
+(XLA's peak), what was donated and reused, whether the results agree; and
+`filtx.compare_capacity` says how wide an MLP each mode fits. Then each
 mode trains in its own subprocess so that its peak resident memory is its own
 (`filtx.demo.measure`). Every mode uses the same PRNG keys and batches, so the
 final losses must be identical: donation changes where results are written,
@@ -194,9 +195,36 @@ def compare(config: DonationConfig) -> dict:
     return {"mode": "compare", "table": str(comparison), "rows": comparison.as_dicts()}
 
 
+# What fits per mode is searched under the device's own limit where it reports
+# one (GPU, TPU); a CPU reports none, so these stand in.
+CPU_LIMIT_GIB, QUICK_CPU_LIMIT_GIB = 4.0, 1.0
+
+
+def capacity(config: DonationConfig, quick: bool) -> dict:
+    """`filtx.compare_capacity` on the same step: the widest MLP (its other
+    sizes as configured) each mode trains under the limit, from compiles of an
+    abstract model alone."""
+
+    def make_args(width: int):
+        model = eqx.filter_eval_shape(make_model, dataclasses.replace(config, width=width), 0)
+        batch = (
+            jax.ShapeDtypeStruct((config.batch_size, config.in_size), jnp.float32),
+            jax.ShapeDtypeStruct((config.batch_size, config.out_size), jnp.float32),
+        )
+        return (model, batch), {}
+
+    limit = None
+    if jax.local_devices()[0].memory_stats() is None:
+        limit = int((QUICK_CPU_LIMIT_GIB if quick else CPU_LIMIT_GIB) * 2**30)
+    result = filtx.compare_capacity(
+        make_train_step(config, "none"), make_args, modes=MODES, limit=limit, multiple_of=128, verify_steps=5
+    )
+    return {"table": str(result), "rows": result.as_dicts()}
+
+
 def worker(mode: str, quick: bool) -> dict:
     if mode == "compare":
-        return compare(config_for(quick))
+        return {**compare(config_for(quick)), "capacity": capacity(config_for(quick), quick)}
     if mode not in MODES:
         raise ValueError(f"unknown donation mode {mode!r}; expected one of {MODES}")
     return train(config_for(quick), mode)
@@ -267,6 +295,8 @@ def run(quick: bool, timeout: float) -> None:
     comparison = cli.run_worker("donation", "compare", quick, timeout)
     print("filtx.compare_donation on the training step (one process):")
     print(comparison["table"], flush=True)
+    print(f"\nWhat fits per mode: filtx.compare_capacity, the MLP's width as the axis (depth {config.depth}):")
+    print(comparison["capacity"]["table"], flush=True)
     rows = [cli.run_worker("donation", mode, quick, timeout) for mode in MODES]
     for row in rows:  # time per step from the comparison, which times the modes round-robin
         measured = next(r for r in comparison["rows"] if row["mode"] in r["modes"])
