@@ -8,7 +8,8 @@ and the first call of a fresh training step taken apart.
 
 Every measurement runs in a fresh process of its own, under its own timeout,
 and the whole run keeps to a deadline (`--deadline`, seconds): a job that
-cannot finish before it is skipped and said so. Each result is appended to
+cannot finish before it is skipped and said so; told to stop (TERM, as
+`timeout` does), the script kills its running worker first. Each result is appended to
 `OUT/gpu_report.jsonl` as it comes (one JSON object a line; `kind` says
 which), the workers' output and this script's progress to `OUT/gpu_report.log`.
 
@@ -72,6 +73,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -104,6 +106,7 @@ FIRST_LEAVES, WARM_LEAVES = 100, 4
 FIRST_TARGET = 1.0
 PEAK_MB, PEAK_WIDTH, PEAK_BATCH, PEAK_STEPS = 4, 1024, 64, 20
 DEADLINE = 255.0  # seconds: the device run's budget is 270, gpu_report.sh's backstop 263
+RUNNING: dict = {}  # the worker now running (its process), for a parent told to stop
 
 
 #
@@ -189,6 +192,7 @@ def run_job(job: Job, output: Output, deadline: float, env: dict) -> None:
         log.flush()
         process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True, env=env,
                                    start_new_session=True)
+        RUNNING["process"] = process
         got = []
 
         def read():
@@ -216,6 +220,7 @@ def run_job(job: Job, output: Output, deadline: float, env: dict) -> None:
             output.log(f"TIMED OUT {job.name} after {timeout:.0f} s (what it wrote before is kept)")
             output.record({"kind": "failed", "job": job.name, "why": f"timed out after {timeout:.0f} s"})
         reader.join(5)
+        RUNNING.pop("process", None)
     spent = time.monotonic() - begin
     if code not in (0, -9):
         output.log(f"FAILED {job.name}: exit {code} (its stderr is in the log)")
@@ -424,6 +429,8 @@ def main() -> None:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
     output.log(f"gpu_report: {'quick' if args.quick else 'full'} run, deadline {deadline - output.start:.0f} s, "
                f"out {args.out}")
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, stop)
     try:
         for job in plan(args.quick, args.smoke, first_processes, rounds):
             if job.argv[0] in wanted:
@@ -434,6 +441,16 @@ def main() -> None:
         summarize(output.lines, output)
         output.log(f"done in {time.monotonic() - output.start:.1f} s")
         output.record({"kind": "done", "wall_s": round(time.monotonic() - output.start, 1)})
+
+
+def stop(signum, frame) -> None:
+    """Told to stop (`timeout`'s TERM): the running worker, which has a session
+    of its own, is killed with its children, so that nothing holds the device
+    after this script; then the tables are made from what was written."""
+    process = RUNNING.get("process")
+    if process is not None and process.poll() is None:
+        os.killpg(process.pid, signal.SIGKILL)
+    raise SystemExit(f"stopped by signal {signum}")
 
 
 def keep_hlo_texts(hlo_dir: str, out: str) -> None:

@@ -36,7 +36,7 @@ EOF
 cat "$LOG"
 timeout -k 5 "${GPU_REPORT_BACKSTOP:-263}" python3 benchmarks/probes/gpu_report.py --out "$OUT" "$@"
 code=$?
-if [ "$code" = 124 ] || [ "$code" = 137 ]; then
+if { [ "$code" = 124 ] || [ "$code" = 137 ]; } && ! grep -q '"kind": "done"' "$OUT/gpu_report.jsonl" 2> /dev/null; then
     echo "gpu_report.py stopped by the backstop (exit $code): the tables from what was written" | tee -a "$LOG"
     python3 benchmarks/probes/gpu_report.py --summarize "$OUT/gpu_report.jsonl" 2>&1 | tee -a "$LOG"
 fi
