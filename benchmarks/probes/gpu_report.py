@@ -104,7 +104,7 @@ FIRST_VARIANTS = ("filtx", "jax.jit-params", "eqx")
 FIRST_NAMES = {"filtx": "filtx", "jax.jit-params": "jax.jit", "eqx": "eqx"}
 FIRST_LEAVES, WARM_LEAVES = 100, 4
 FIRST_TARGET = 1.0
-PEAK_MB, PEAK_WIDTH, PEAK_BATCH, PEAK_STEPS = 4, 1024, 64, 20
+PEAK_MB, PEAK_STEPS = 4, 20  # compare_stability.py's 4 MB step (width 1024, batch 64)
 DEADLINE = 255.0  # seconds: the device run's budget is 270, gpu_report.sh's backstop 263
 RUNNING: dict = {}  # the worker now running (its process), for a parent told to stop
 
@@ -827,31 +827,23 @@ def main_results(stable: str) -> int:
 
 
 def peak_worker(emit, first: str, smoke: bool) -> None:
-    """The 4 MB non-donating Adam step (`compare_stability.py`'s: an
+    """The 4 MB non-donating Adam step (`compare_stability.py`'s own: an
     `eqx.nn.MLP` of width 1024 with one layer, Adam, a batch of 64): the device
     peak `filtx.compare_donation` reads for mode `"none"`, and that of a loop of
     the mode alone, pipelined (`PEAK_STEPS` steps, one block at the end; how
     many steps were still in flight when the last was dispatched) and blocked
     after every step. `first` says which this process measures first."""
-    import equinox as eqx
     import jax
-    import jax.numpy as jnp
-    import optax
-    from _support import models
 
     import filtx
 
+    sys.path.insert(0, HERE)
+    from compare_stability import _setup
+
     device = jax.local_devices()[0]
-    width = 64 if smoke else PEAK_WIDTH
-    depth = max(0, round(PEAK_MB * 2**20 / (4 * (PEAK_WIDTH * PEAK_WIDTH + PEAK_WIDTH))) - 1)
-    model = eqx.nn.MLP(width, width, width, depth, key=jax.random.key(0))
-    optim = optax.adam(1e-4)
-    opt_state = optim.init(eqx.filter(model, eqx.is_inexact_array))
-    (x, y), *_ = models.regression_batches(1, PEAK_BATCH, width, width)
-    x, y = jnp.asarray(x), jnp.asarray(y)
-    jax.block_until_ready((model, opt_state, x, y))
+    train_step, model, opt_state, x, y, _ = _setup(PEAK_MB)
     state_bytes = sum(a.nbytes for a in jax.tree_util.tree_leaves((model, opt_state)) if isinstance(a, jax.Array))
-    step = filtx.filter_jit(models.make_train_step(optim), donate="none")
+    step = filtx.filter_jit(train_step, donate="none")
     if not device.memory_stats():
         emit({"kind": "peak", "what": "no allocator statistics on this device", "first": first,
               "platform": device.platform})
