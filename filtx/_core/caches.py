@@ -1,5 +1,6 @@
-"""Bounded caches, the registry behind `filtx.clear_caches`, and the table that
-lets wrappers of the same code share compiled entries."""
+"""Bounded caches, the registry behind `filtx.clear_caches`, and the compile
+state that equal wrappers of the same code share, kept where it dies with what
+it compiled (`state_holder`; `_core/README.md`, "Where compile state lives")."""
 
 from __future__ import annotations
 
