@@ -191,9 +191,9 @@ def main() -> None:
 
     print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}, limit {limit / GIB:g} GiB", flush=True)
     rows = search(options.axes.split(","), limit, verify=options.gpu)
-    loops = [] if options.no_loops else real_loops(rows, "n", limit, options.timeout)
-    if options.gpu and not options.no_loops:
-        loops += real_loops(rows, "over", limit, options.timeout)
+    loops = []
+    if not options.no_loops:  # on a GPU the search's own verification ran the loops at n (verify_steps=20)
+        loops = real_loops(rows, "over", limit, options.timeout) if options.gpu else real_loops(rows, "n", limit, options.timeout)
     summary = {"jax": jax.__version__, "device": jax.devices()[0].device_kind, "limit": limit, "rows": rows, "loops": loops}
     for row in rows:
         if row["n"] is None:
