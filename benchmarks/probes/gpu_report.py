@@ -1,6 +1,9 @@
-"""The GPU report of issue 44: the benchmark rows that matter where training
-happens, on one device, with the order the variants are built in balanced out,
-and the first call of a fresh training step taken apart.
+"""Where training happens, on one GPU, is each loop at its floor, with the
+order the variants are built in balanced out, and is a fresh training step's
+first call under filtx no slower than under `jax.jit` and Equinox? (The GPU
+report of issue 44.)
+
+Answered in: `docs/performance-notes.md`, and the GPU section of `docs/benchmarks.md`.
 
     OUT=/some/dir bash benchmarks/probes/gpu_report.sh                 # on a lent GPU: about 4 minutes
     OUT=/tmp/gpu-out JAX_PLATFORMS=cpu bash benchmarks/probes/gpu_report.sh --quick   # every path, here
