@@ -29,17 +29,17 @@ def batch_axis(n):
     return (S((W, W), jnp.float32), S((n, W), jnp.float32)), {}
 
 
-def independent_loop_peak(mode, n, make_args=batch_axis, step=sgd, fed=lambda args: args[0]):
+def independent_loop_peak(mode, n, make_args=batch_axis, step=sgd, fed=lambda args: args[0], ahead=1):
     """What the donation guide says a loop of `mode` holds at `n`, computed here
     from the compiled step's memory analysis alone (CPU: arguments + outputs -
-    aliased + temporaries), plus the state fed back that no buffer takes, plus
-    the next batch."""
+    aliased + temporaries), plus, per step dispatched ahead, the state fed back
+    that no buffer takes."""
     (args, kwargs) = make_args(n)
     analysis = filtx.filter_jit(step, donate=mode).lower(*args, **kwargs).compile().memory_analysis()
     nbytes = lambda tree: sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree_util.tree_leaves(tree))
     state = nbytes(fed(args))
     step_bytes = analysis.argument_size_in_bytes + analysis.output_size_in_bytes - analysis.alias_size_in_bytes + analysis.temp_size_in_bytes
-    return step_bytes + max(0, state - analysis.alias_size_in_bytes) + nbytes(args) - state
+    return step_bytes + ahead * max(0, state - analysis.alias_size_in_bytes)
 
 
 def test_each_mode_finds_the_largest_batch_to_the_resolution():
@@ -53,14 +53,18 @@ def test_each_mode_finds_the_largest_batch_to_the_resolution():
         assert independent_loop_peak(mode, row.n) == row.peak_bytes <= limit
         assert independent_loop_peak(mode, math.ceil(row.n * 1.01)) > limit
         assert row.over <= math.ceil(row.n * 1.01) and row.over_peak_bytes > limit
-        assert row.peak_bytes == row.step_bytes + row.in_flight_bytes + row.next_batch_bytes
-        assert row.next_batch_bytes == row.n * W * 4  # the batch, new each step
+        assert row.peak_bytes == row.step_bytes + row.in_flight_bytes
         assert row.verified == "predicted only: the device reports no allocator statistics"
         assert row.device_peak_bytes is None and 1 < row.probes <= 12 and row.tried
-    assert none.in_flight_bytes == W * W * 4 and arrays.in_flight_bytes == 0  # the weight, fed back
+    assert none.in_flight_bytes == none.state_bytes == W * W * 4 and arrays.in_flight_bytes == 0  # the weight, fed back
     assert arrays.n > none.n and arrays.ratio == arrays.n / none.n and none.ratio == 1.0
     assert capacity.best() is arrays
     assert capacity.fed == "args[0] <- out[0]"
+    # a loop that blocks on every step holds one step's figure; two ahead, two more states
+    for ahead in (0, 2):
+        (row,) = filtx.compare_capacity(filtx.filter_jit(sgd), batch_axis, limit=limit, modes="none", ahead=ahead).rows
+        assert row.in_flight_bytes == ahead * W * W * 4 and row.peak_bytes == independent_loop_peak("none", row.n, ahead=ahead)
+        assert (row.n > none.n) if ahead == 0 else (row.n < none.n)
 
 
 def test_a_models_width_under_filter_eval_shape_and_multiples():
@@ -111,7 +115,7 @@ def test_sharded_and_pmap_steps_are_measured_per_device():
 
     capacity = filtx.compare_capacity(filtx.filter_jit(sgd), sharded, limit=8 * 2**20, multiple_of=8)
     for row in capacity.rows:
-        assert row.devices == 8 and row.next_batch_bytes == row.n * W * 4 // 8 and row.peak_bytes <= 8 * 2**20
+        assert row.devices == 8 and row.peak_bytes <= 8 * 2**20
     assert capacity.rows[0].in_flight_bytes == W * W * 4  # replicated: the whole weight on each device
     assert "bytes per device (8 devices)" in str(capacity)
 
@@ -120,7 +124,7 @@ def test_sharded_and_pmap_steps_are_measured_per_device():
 
     pmapped = filtx.compare_capacity(filtx.filter_pmap(sgd), mapped, limit=8 * 2**20)
     none = pmapped.rows[0]
-    assert none.devices == 8 and none.next_batch_bytes == none.n * W * 4 and none.in_flight_bytes == W * W * 4
+    assert none.devices == 8 and none.in_flight_bytes == W * W * 4
     assert none.peak_bytes <= 8 * 2**20 < none.over_peak_bytes
 
 
@@ -140,7 +144,7 @@ def test_verified_by_a_real_loop_where_the_device_reports_statistics(monkeypatch
     capacity = filtx.compare_capacity(filtx.filter_jit(sgd), make_args, limit=8 * 2**20, verify_steps=3)
     assert capacity.limit_source == "limit="
     for row in capacity.rows:
-        assert row.verified == "a 3-step loop", row.verified
+        assert row.verified == "a 3-step loop, 1 ahead", row.verified
         assert W * W * 4 + row.n * W * 4 <= row.device_peak_bytes <= row.peak_bytes
     assert not w.is_deleted()  # "arrays" donated a copy
     assert "device peak" in str(capacity)

@@ -35,7 +35,7 @@ MARGIN = 0.05  # of the device's own bytes_limit, kept free when no limit= is gi
 def compare_capacity(
     step: Any, make_args: Callable[[int], tuple], /, *, limit: int | None = None, modes: Any = None,
     start: int = 1, multiple_of: int = 1, resolution: float = 0.01, largest: int = 2**31 - 1,
-    feed: Callable | None = None, verify: bool | None = None, verify_steps: int = 10,
+    ahead: int = 1, feed: Callable | None = None, verify: bool | None = None, verify_steps: int = 10,
     progress: bool | None = None,
 ) -> CapacityComparison:
     """How big a batch (or model, or sequence) each donation mode fits: the
@@ -51,13 +51,12 @@ def compare_capacity(
 
     - XLA's figure for one step: its simulated heap peak on a GPU or TPU; on
         CPU, whose peak leaves the temporaries out, arguments + outputs -
-        aliased + temporaries;
-    - plus the state in flight: the bytes of the arguments your outputs feed
-        back that no donated buffer takes (asynchronous dispatch allocates the
-        next step's outputs before the previous step frees its inputs);
-    - plus the next batch: each positional argument no output feeds (the batch)
-        is a new array every step, put on the device while the previous step
-        runs.
+        aliased + temporaries. A donating loop holds that, however far it
+        runs ahead;
+    - plus, for each step the loop dispatches before it waits for an earlier
+        one (`ahead`), one more copy of the state your outputs feed back that
+        no donated buffer takes: asynchronous dispatch allocates a queued
+        step's outputs before the steps ahead of it free their inputs.
 
     **Arguments:**
 
@@ -75,6 +74,11 @@ def compare_capacity(
     - `modes`: the donation modes, as in `compare_donation` (by default the
         wrapper's own, `"none"` and `"arrays"`; modes that donate the same
         leaves share a row).
+    - `ahead`: how many steps your loop dispatches before it waits for an
+        earlier one: 1 (the default) for a loop that reads the previous step's
+        loss, 0 for one that blocks on every step. A loop that never waits can
+        hold more than one state more without donation (the donation guide has
+        the figures).
     - `start`: the smallest size tried; `multiple_of`: sizes are multiples of
         this (8, or the device count); `largest`: the largest size tried.
     - `resolution`: the size found fits, and `n * (1 + resolution)` (or the next
@@ -82,8 +86,8 @@ def compare_capacity(
     - `feed`: `feed(args, out) -> next args`, as in `compare_donation`; by
         default outputs that look like arguments feed them.
     - `verify`: run a short real loop (`verify_steps` steps, outputs fed back,
-        a new batch each step) at each mode's size and read the device
-        allocator's peak beside the prediction. By default where the device
+        a new batch each step, `ahead` steps in flight) at each mode's size and
+        read the device allocator's peak beside the prediction. By default where the device
         reports allocator statistics; on CPU the rows say "predicted only".
     - `progress`: a line per size tried on stderr (default: when stderr is a terminal).
 
@@ -126,6 +130,8 @@ def compare_capacity(
         raise ValueError(f"compare_capacity: start and multiple_of are positive ints, got start={start!r}, multiple_of={multiple_of!r}.")
     if not 0 < resolution < 1:
         raise ValueError(f"compare_capacity: resolution is a fraction between 0 and 1 (0.01 is 1 %), got {resolution!r}.")
+    if not (isinstance(ahead, int) and ahead >= 0):
+        raise ValueError(f"compare_capacity: ahead is the steps a loop dispatches before it waits, 0 or more, got {ahead!r}.")
     if verify_steps < 2:
         raise ValueError(f"compare_capacity: verify_steps is at least 2 (a loop feeds one step into the next), got {verify_steps}.")
     limit, limit_source = _limit(limit)
@@ -147,7 +153,7 @@ def compare_capacity(
         for names in groups.names:
             label = " / ".join(names)
             wrapper = groups.make(names[0])
-            prober = _Prober(wrapper, sizes, groups.args[:prefix], feeding, per_device=groups.from_jit)
+            prober = _Prober(wrapper, sizes, groups.args[:prefix], feeding, groups.from_jit, ahead)
             t0 = time.perf_counter()
             try:
                 found = largest_fitting(
@@ -174,39 +180,41 @@ def compare_capacity(
             at = prober.figures[found.n]
             row = CapacityRow(
                 label, names, n=found.n, peak_bytes=at["loop"], step_bytes=at["step"], step_source=at["source"],
-                in_flight_bytes=at["in_flight"], next_batch_bytes=at["next_batch"], argument_bytes=at["arguments"],
+                in_flight_bytes=at["in_flight"], state_bytes=at["state"], argument_bytes=at["arguments"],
                 over=found.over, over_peak_bytes=None if found.over is None else prober.figures[found.over]["loop"],
                 probes=len(found.seen), seconds=seconds, tried=prober.tried(), devices=at["devices"],
             )
             if do_verify:
-                row = _verified(row, groups, names[0], fun0, sizes, prefix, feeding, verify_steps)
+                row = _verified(row, groups, names[0], fun0, sizes, prefix, feeding, verify_steps, ahead)
             else:
                 row = _replace(row, verified="predicted only: " + (
                     "verify=False" if verify is False else "the device reports no allocator statistics"))
             rows.append(row)
     none = next((r for r in rows if "none" in r.modes and r.n), None)
     rows = [_replace(r, ratio=None if none is None or r.n is None else r.n / none.n) for r in rows]
-    return CapacityComparison(name, tuple(rows), limit, limit_source, resolution, multiple_of, feeding.describe())
+    return CapacityComparison(name, tuple(rows), limit, limit_source, resolution, multiple_of, feeding.describe(), ahead)
 
 
-def loop_bytes(parts: dict, fed: int, held: int, reused: int) -> dict[str, Any]:
+def loop_bytes(parts: dict, fed: int, reused: int, ahead: int = 1) -> dict[str, Any]:
     """What a training loop of one mode holds at its peak, per device, from
     the compiled step's memory analysis (`memory.analysis_parts`), the bytes of
-    the arguments its outputs feed back (`fed`) and of those they do not
-    (`held`, a new batch each step), and the bytes an output reuses by donation
-    (`reused`): the donation guide's "What fits per mode" says why each part.
+    the arguments its outputs feed back (`fed`, the state), the bytes an output
+    reuses by donation (`reused`), and the steps the loop dispatches before it
+    waits for an earlier one (`ahead`): the donation guide's "What fits per
+    mode" says why each part.
 
-    Returns `step` (XLA's figure for one step) and its `source`, `in_flight`,
-    `next_batch`, and `loop`, their sum."""
+    Returns `step` (XLA's figure for one step) and its `source`, `state` (the
+    state no donated buffer takes), `in_flight` (`ahead` copies of it), and
+    `loop`, the step and what is in flight."""
     if parts.get("arguments") is None:
         raise ValueError("the backend gives no memory analysis for this step")
     total = parts["arguments"] + parts["outputs"] - parts["aliased"] + parts["temporaries"]
     if parts.get("peak") and parts.get("platform") != "cpu":
         step, source = parts["peak"], "xla peak"
-    else:  # CPU's peak leaves the temporaries out (measured: 331 MB against 1.65 GB resident at batch 65536)
+    else:  # CPU's peak leaves the temporaries out (measured: 331 MiB against a 1655 MiB rise at batch 65536)
         step, source = total, "sum"
-    in_flight = max(0, fed - reused)
-    return {"step": step, "source": source, "in_flight": in_flight, "next_batch": held, "loop": step + in_flight + held}
+    state = max(0, fed - reused)
+    return {"step": step, "source": source, "state": state, "in_flight": ahead * state, "loop": step + ahead * state}
 
 
 class _ModeFailed(Exception):
@@ -313,8 +321,8 @@ class _Prober:
     """One mode's compiles: `loop_bytes(n)` compiles the step for `make_args(n)`
     and gives what a loop holds (`loop_bytes`), keeping every size's figures."""
 
-    def __init__(self, wrapper: Any, sizes: _Sizes, bound: tuple, fed: _Fed, per_device: bool):
-        self.wrapper, self.sizes, self.bound, self.fed, self.jit = wrapper, sizes, bound, fed, per_device
+    def __init__(self, wrapper: Any, sizes: _Sizes, bound: tuple, fed: _Fed, jit: bool, ahead: int):
+        self.wrapper, self.sizes, self.bound, self.fed, self.jit, self.ahead = wrapper, sizes, bound, fed, jit, ahead
         self.figures: dict[int, dict] = {}
 
     def tried(self) -> tuple:
@@ -335,8 +343,7 @@ class _Prober:
             scale = 1.0 if self.jit else 1.0 / devices
             leaves = jax.tree_util.tree_leaves(args)
             fed = sum(_device_bytes(x, scale) for x, m in zip(leaves, self.fed.mask) if m)
-            held = sum(_device_bytes(x, scale) for x, m in zip(leaves, self.fed.mask) if not m)
-            result = loop_bytes(parts, fed, held, figures.get("reused_bytes") or 0)
+            result = loop_bytes(parts, fed, figures.get("reused_bytes") or 0, self.ahead)
         except Exception as e:
             raise _ModeFailed(f"no memory figures at n={n}: {type(e).__name__}: {e}") from None
         result.update(arguments=parts["arguments"], devices=devices)
@@ -391,32 +398,51 @@ def _materialize_tree(tree: Any) -> Any:
     return jax.tree_util.tree_map(_materialize, tree)
 
 
-def _verified(row: CapacityRow, groups: Any, mode: str, fun0: Any, sizes: _Sizes, prefix: int, fed: _Fed, steps: int) -> CapacityRow:
+def _verified(
+    row: CapacityRow, groups: Any, mode: str, fun0: Any, sizes: _Sizes, prefix: int, fed: _Fed, steps: int, ahead: int,
+) -> CapacityRow:
     """The row with the device allocator's peak over a real loop of its mode at
     its size (`OwnPeak`, as `compare_donation` measures a mode's own peak):
     `steps` calls, outputs fed back, a new batch (the arguments no output
-    feeds) made before each call as a loop gets its next one, pipelined, one
-    block at the end. Everything the loop uses is its own: zeros for abstract
-    leaves, copies of concrete ones."""
+    feeds) made before each call as a loop gets its next one, each call
+    dispatched before the loop waits for the one `ahead` steps back. One call
+    first, outside the measurement, compiles the step (a GPU compile's own
+    scratch memory is no loop's). Everything the loop uses is its own: zeros
+    for abstract leaves, copies of concrete ones."""
     args0, kwargs0 = sizes(row.n)
     bind = _Filtx(groups.make, mode)
     bound0 = groups.args[:prefix]
-    try:
-        with OwnPeak(row.peak_bytes) as meter:
-            fun, bound = _materialize_tree(fun0), _materialize_tree(bound0)
-            args, kwargs = _materialize_tree(args0), _materialize_tree(kwargs0)
+
+    def loop(count: int) -> tuple:
+        fun, bound = _materialize_tree(fun0), _materialize_tree(bound0)
+        args, kwargs = _materialize_tree(args0), _materialize_tree(kwargs0)
+        queued: list = []
+        out = bind(fun)(*bound, *args, **kwargs)
+        for _ in range(count - 1):
+            queued.append(out)
+            args = _next_args(fed, args, out, args0)
+            fun, bound, kwargs = (_renewed(t, t0) for t, t0 in ((fun, fun0), (bound, bound0), (kwargs, kwargs0)))
             out = bind(fun)(*bound, *args, **kwargs)
-            for _ in range(steps - 1):
-                args = _next_args(fed, args, out, args0)
-                fun, bound, kwargs = (_renewed(t, t0) for t, t0 in ((fun, fun0), (bound, bound0), (kwargs, kwargs0)))
-                out = bind(fun)(*bound, *args, **kwargs)
-            block(out)
-        del out, args, kwargs, fun, bound
+            if len(queued) > ahead:  # wait for the step `ahead` back, as a loop that reads its loss
+                _wait(queued.pop(0))
+        block(out)
+        return out, args, kwargs, fun, bound  # alive until the meter has read its figure
+
+    try:
+        loop(1)  # the compile, outside the measurement
+        with OwnPeak(row.peak_bytes) as meter:
+            last = loop(steps)
+        del last
     except Exception as e:
         return _replace(row, verified=f"the loop failed: {type(e).__name__}: {e}")
     if meter.bytes is None:
         return _replace(row, verified=f"predicted only: {meter.why}")
-    return _replace(row, device_peak_bytes=meter.bytes, verified=f"a {steps}-step loop")
+    return _replace(row, device_peak_bytes=meter.bytes, verified=f"a {steps}-step loop, {ahead} ahead")
+
+
+def _wait(out: Any) -> None:
+    """Wait for a step: its outputs that no later call has donated."""
+    block([x for x in jax.tree_util.tree_leaves(out) if isinstance(x, jax.Array) and not is_deleted(x)])
 
 
 def _next_args(fed: _Fed, args: tuple, out: Any, args0: tuple) -> tuple:

@@ -23,13 +23,14 @@ class CapacityRow:
     - `mode`, `modes`: the row's label and the modes it stands for, as in `ModeRow`.
     - `n`: the largest size found to fit, a multiple of `multiple_of`;
         `peak_bytes`: the peak a training loop of this mode holds at `n`,
-        predicted: `step_bytes + in_flight_bytes + next_batch_bytes`.
+        predicted: `step_bytes + in_flight_bytes`.
     - `step_bytes`: XLA's figure for one step at `n` (`step_source`: `"xla peak"`,
         its simulated heap peak, on a GPU or TPU; `"sum"`, arguments + outputs -
         aliased + temporaries, on CPU); `argument_bytes`: the step's arguments.
-    - `in_flight_bytes`: the state fed back that no donated buffer takes (a
-        pipelined loop holds one more of it than one step does);
-        `next_batch_bytes`: the arguments no output feeds, made anew each step.
+    - `state_bytes`: the state your outputs feed back that no donated buffer
+        takes (0 where donation takes it all); `in_flight_bytes`: what the
+        steps a loop dispatches ahead hold beyond one step, `ahead` copies of
+        that state.
     - `over`: the first size found not to fit (`None` where every size up to
         `largest` fits), and `over_peak_bytes` its predicted peak.
     - `ratio`: `n` over the `"none"` row's `n`.
@@ -53,7 +54,7 @@ class CapacityRow:
                                 jax.ShapeDtypeStruct((n, 256), jnp.float32)), {})
         none, arrays = filtx.compare_capacity(step, make_args, limit=2**24).rows
         assert none.step_source in ("sum", "xla peak") and none.in_flight_bytes == 256 * 256 * 4
-        assert arrays.in_flight_bytes == 0 and arrays.n > none.n
+        assert arrays.state_bytes == arrays.in_flight_bytes == 0 and arrays.n > none.n
         ```
     """
 
@@ -63,8 +64,8 @@ class CapacityRow:
     peak_bytes: int | None = None
     step_bytes: int | None = None
     step_source: str | None = None
+    state_bytes: int | None = None
     in_flight_bytes: int | None = None
-    next_batch_bytes: int | None = None
     argument_bytes: int | None = None
     over: int | None = None
     over_peak_bytes: int | None = None
@@ -82,7 +83,8 @@ class CapacityRow:
 class CapacityComparison:
     """The result of `filtx.compare_capacity`: `rows`, one `CapacityRow` per
     mode; `limit`, the bytes per device the loops had to fit (`limit_source`
-    says where it came from); `resolution` and `multiple_of` as asked;
+    says where it came from); `resolution`, `multiple_of` and `ahead` (the
+    steps a loop dispatches before it waits for an earlier one) as asked;
     `fed` says which outputs feed which arguments. `str()` is a table,
     `best()` the row that fits the largest size, `as_dicts()` plain values,
     `plot()` each mode's predicted peak against the size, the limit drawn.
@@ -112,6 +114,7 @@ class CapacityComparison:
     resolution: float = 0.01
     multiple_of: int = 1
     fed: str = ""
+    ahead: int = 1
 
     def best(self) -> CapacityRow:
         """The row that fits the largest `n` (ties: the least peak there)."""
@@ -133,18 +136,18 @@ class CapacityComparison:
 
     def __str__(self) -> str:
         device = any(r.device_peak_bytes is not None for r in self.rows)
-        header = ("mode", "n", "x none", "loop peak", "step (XLA)", "in flight", "next batch") + (
+        header = ("mode", "n", "x none", "loop peak", "step (XLA)", "in flight") + (
             ("device peak",) if device else ()) + ("first over", "its peak", "compiles")
         body = []
         for r in self.rows:
             if r.n is None:
-                body.append((r.mode, "-", "", "", "", "", "") + (("",) if device else ()) + (
+                body.append((r.mode, "-", "", "", "", "") + (("",) if device else ()) + (
                     str(r.over or "-"), format_bytes(r.over_peak_bytes), str(r.probes)))
                 continue
             body.append((
                 r.mode, str(r.n), "-" if r.ratio is None else f"{r.ratio:.2f}", format_bytes(r.peak_bytes),
                 format_bytes(r.step_bytes) + ("*" if r.step_source == "sum" else ""),
-                format_bytes(r.in_flight_bytes), format_bytes(r.next_batch_bytes),
+                format_bytes(r.in_flight_bytes),
             ) + ((format_bytes(r.device_peak_bytes),) if device else ()) + (
                 "-" if r.over is None else str(r.over), format_bytes(r.over_peak_bytes), str(r.probes),
             ))
@@ -156,9 +159,10 @@ class CapacityComparison:
             f"{self.function}: the largest n under {format_bytes(self.limit)} ({self.limit_source}), "
             f"to {self.resolution:.0%}" + (f", multiples of {self.multiple_of}" if self.multiple_of > 1 else "") + per
         )
+        steps = f"{self.ahead} step" + ("s" if self.ahead != 1 else "")
         notes = [
-            "loop peak: a training loop's, predicted: step + in flight (the state fed back that no donated "
-            "buffer takes) + next batch (arguments no output feeds, new each step)"
+            f"loop peak: a training loop's, predicted: the step, and in flight the state fed back that no "
+            f"donated buffer takes, once for each step dispatched ahead ({steps})"
         ]
         if self.fed:
             notes.append(f"fed back: {self.fed}")
