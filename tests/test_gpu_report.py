@@ -140,3 +140,75 @@ def test_own_peak_reads_the_rise_above_the_filled_mark(gr):
 
     assert gr.own_peak(device, work) == 250
     assert gr.own_peak(type("NoStats", (), {"memory_stats": lambda self: None})(), lambda: None) is None
+
+
+def _saved_run(folder):
+    """A run's saved lines (both build orders of one row, a first call under
+    each wrapper, the programs, a peak) and the log header gpu_report.sh writes."""
+    env = {"kind": "env", "jax": "0.11.2", "jaxlib": "0.11.2", "equinox": "0.13.8", "optax": "0.2.8",
+           "python": "3.12.3", "device_kind": "NVIDIA H200", "platform": "gpu", "platform_version": "cuda 13000",
+           "plugins": ["jax-cuda13-plugin 0.11.2"],
+           "cuda": {"cuda_runtime_get_version": 13000, "cublas_get_version": 130100, "cudnn_get_version": 91900}}
+    loops = [{"kind": "loop", "row": "inference-100", "order": list(order), "rounds": 7,
+              "seconds": {"filtx": 3e-4, "jax.jit": 4e-4}, "filtx_over": {"jax.jit": ratio}}
+             for order, ratio in ((("filtx", "base"), 0.8), (("base", "filtx"), 0.3))]
+    calls = [{"kind": "first_call", "variant": v, "job": f"first call {k}", "first_s": s, "trace_s": 0.3,
+              "lower_s": 0.1, "compile_s": s - 0.5, "run_s": 0.005, "host_s": 0.095, "second_s": 0.03,
+              "cold_s": 3.0, "traces": 1, "compiles": 1}
+             for k, (v, s) in enumerate((("filtx", 2.0), ("jax.jit-params", 2.2), ("eqx", 1.9)))]
+    hlo = [{"kind": "hlo", "variant": name, "job": f"first call {k}", "instructions": n, "parameters": 33,
+            "outputs": 32, "aliased": 31, "structure_hash": h, "again_compile_s": 1.0}
+           for k, (name, n, h) in enumerate((("filtx", 600, "aa"), ("jax.jit", 600, "aa"), ("eqx", 630, "bb")))]
+    peak = {"kind": "peak", "what": "compare_donation, mode none", "first": "compare", "state_mib": 12.0,
+            "peak_mib": 36.5, "states": 3.04, "xla_peak_mib": 24.5}
+    lines = [env, *loops, *calls, *hlo, peak, {"kind": "done", "wall_s": 246.8}]
+    jsonl = folder / "gpu_report.jsonl"
+    jsonl.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    (folder / "gpu_report.log").write_text("# gpu_report.sh, 2026-11-28 08:01:18 UTC, vm, 16 cores\n"
+                                           "GPU 0: NVIDIA H200 (UUID: x)\n580.159.04, 143771 MiB, 1980 MHz\n")
+    return jsonl
+
+
+def test_the_report_section_is_written_from_saved_lines_and_kept_by_the_report(gr, tmp_path):
+    from _support import report_pages
+
+    folder = tmp_path / "2026-11-28"
+    folder.mkdir()
+    jsonl = _saved_run(folder)
+    page = tmp_path / "docs" / "benchmarks.md"
+    page.parent.mkdir()
+    page.write_text("\n".join(["# Benchmarks", "", "## Dispatch", "old", "", "## Reproducing", "x"]))
+    section = gr.report(str(jsonl), str(page))
+    text = "\n".join(section)
+    assert section[0] == gr.SECTION and section[0].startswith(report_pages.KEPT[-1])
+    assert "Measured 2026-11-28 08:01 UTC on one NVIDIA H200 (16 host cores, driver 580.159.04)" in text
+    assert "CUDA 13.0 (cuBLAS 13.1.0, cuDNN 9.19.0), JAX 0.11.2" in text
+    assert f"--summarize {jsonl} --report docs/benchmarks.md" in text  # the command that makes it again
+    # the order-balanced figure, each order's, the target checked on the balanced one
+    assert f"| inference-100 | a model passed unchanged, 100 leaves | `jax.jit` | {(0.8 * 0.3) ** 0.5:.3f} | 0.800 | 0.300 |" in text
+    assert "<= 0.55x: met" in text and "<= 0.45x: not measured" in text
+    assert "| filtx | 2.000 | 2.000 | 1.500 | 0.500 | 0.0300 | — |" in text  # every process's first call
+    assert f"| jax.jit | 2.200 | 2.200 | 1.700 | 0.500 | 0.0300 | {2.0 / 2.2:.3f} |" in text
+    assert f"{2.0 / 1.9:.3f}x eqx's, NOT met" in text and "1 of 1 pairs with jax.jit" in text
+    assert "filtx and jax.jit: 600 instructions" in text and "eqx: 630 instructions" in text
+    assert "| compare_donation, mode none | compare | 36.5 | 3.04 | — |" in text
+    assert (page.parent / "img" / gr.PLOT).stat().st_size > 10_000  # the plot, beside the page
+    written = page.read_text().split("\n")
+    assert written == ["# Benchmarks", "", "## Dispatch", "old", "", *section, "## Reproducing", "x"]
+    assert gr.report(str(jsonl), str(page)) == section and page.read_text().split("\n") == written  # again: the same
+    # the benchmark report, regenerating the page, keeps the section as it is
+    new = ["# Benchmarks", "", "## Dispatch", "new", "", "## Reproducing", "y"]
+    for kept in report_pages.kept_sections(str(page)):
+        new = report_pages.replace_section(new, kept)
+    assert new == ["# Benchmarks", "", "## Dispatch", "new", "", *section, "## Reproducing", "y"]
+
+
+def test_the_gpu_plot_draws_rows_not_measured_and_any_wrappers(gr, tmp_path):  # (gr: _support importable)
+    from _support import report_plots
+
+    loops = [{"row": "gru-rollout", "runs": 2, "over": "jax.jit", "target": 1.0, "filtx_over": {"jax.jit": 1.02},
+              "per_order": {"filtx,base": 1.03, "base,filtx": 1.01}},
+             {"row": "mlp-2-layer", "runs": 0, "over": "jax.jit", "target": 0.9}]
+    path = report_plots.plot_gpu_report(loops, {"filtx": [{"first_s": 2.0, "compile_s": 1.5}]},
+                                        str(tmp_path / "gpu.png"), "title")
+    assert os.path.getsize(path) > 10_000

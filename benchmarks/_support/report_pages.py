@@ -299,9 +299,10 @@ def replace_section(page: list[str], section: list[str]) -> list[str]:
     return page[:at] + section + page[at:]
 
 
-KEPT = (  # headings other scripts write (compare_stability.py, pytree_orders.py)
+KEPT = (  # headings other scripts write (compare_stability.py, pytree_orders.py, gpu_report.py)
     "## compare_donation against hand-written loops",
     "## Plain pytrees, the build order balanced",
+    "## On one GPU, the build order balanced",
 )
 
 

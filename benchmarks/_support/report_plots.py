@@ -24,6 +24,12 @@ that lower is better:
   round ratio (the median of each round's time over the baseline's in that
   round) with its quartiles as whiskers, the target dashed, and a variant
   that failed named with its error in place of a bar.
+- `gpu_report.png` (written by `probes/gpu_report.py --report`, from a GPU
+  run's saved lines): left, each timed loop's filtx time over its baseline's,
+  order-balanced (the bar), each build order's figure as a point, the target
+  as a red tick; right, the first call of a fresh training step under each
+  wrapper, every process's figure as a point, the median as a bar split into
+  XLA's compile and the rest.
 """
 
 from __future__ import annotations
@@ -272,3 +278,68 @@ def plot_inference_loop(groups: dict, img: str) -> str | None:
         ylabel="median time per call (µs; lower is better)",
         title=f"Inference loop: the same model, a new batch, {calls} calls",
     )
+
+
+def plot_gpu_report(loops: list[dict], first_calls: dict, path: str, title: str) -> str:
+    """The GPU report's plot (`probes/gpu_report.py`). `loops`: a row each, as
+    `gpu_report.loop_summaries` gives them (`row`, `over`, `target`,
+    `filtx_over`, `per_order`; rows not measured are skipped); `first_calls`:
+    wrapper -> its processes' first calls (`first_s`, `compile_s`). Returns
+    the file written."""
+    import statistics
+
+    plt = _pyplot()
+    rows = [s for s in loops if s.get("runs")]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, max(3.6, 0.5 * len(rows) + 1.8)),
+                                      gridspec_kw={"width_ratios": [3, 2]})
+    order_marks = {"filtx": ("^", "filtx built first"), "base": ("s", "baseline built first")}
+    largest = max([1.2] + [max(s["filtx_over"][s["over"]], *s["per_order"].values(), s["target"])
+                           for s in rows])
+    for i, s in enumerate(rows):
+        ratio = s["filtx_over"][s["over"]]
+        left.barh(i, ratio, color="tab:blue" if ratio <= s["target"] else "tab:orange", height=0.6)
+        for order, value in s["per_order"].items():
+            marker, _ = order_marks.get(order.split(",")[0], ("o", order))
+            left.plot([value], [i], marker=marker, color="black", markersize=6, linestyle="none")
+        left.plot([s["target"]] * 2, [i - 0.4, i + 0.4], color="tab:red", linewidth=2.2)
+        left.text(max(ratio, *s["per_order"].values(), s["target"]) + 0.02 * largest, i,
+                  f"{ratio:.3f}×", va="center", fontsize=FONT - 1)
+    for order, (marker, label) in order_marks.items():
+        left.plot([], [], marker=marker, color="black", linestyle="none", label=label)
+    left.plot([], [], color="tab:red", linewidth=2.2, label="target")
+    left.axvline(1.0, color="black", linewidth=1)
+    left.set_yticks(range(len(rows)), [f"{s['row']}  ÷ {s['over']}" for s in rows])
+    left.set_ylim(len(rows) - 0.5, -0.5)
+    left.set_xlim(0, largest * 1.18)
+    left.set_xlabel("filtx time ÷ the baseline's, same process; lower is better\n"
+                    "bar: geometric mean of the two build orders (blue: target met, orange: not)",
+                    fontsize=FONT - 1)
+    left.set_title("Timed loops, the build order balanced", loc="left")
+    left.grid(True, axis="x", alpha=0.3)
+    left.legend(loc="lower right", fontsize=FONT - 1)
+
+    names = list(first_calls)
+    for i, name in enumerate(names):
+        calls = first_calls[name]
+        first = statistics.median(c["first_s"] for c in calls)
+        compile_ = statistics.median(c["compile_s"] for c in calls)
+        right.barh(i, compile_, color="0.55", height=0.6, label="XLA's compile (median)" if i == 0 else None)
+        right.barh(i, max(first - compile_, 0.0), left=compile_, color="0.8", height=0.6,
+                   label="the rest of the median first call" if i == 0 else None)
+        right.plot([c["first_s"] for c in calls], [i] * len(calls), marker="o", color="tab:blue",
+                   linestyle="none", markersize=5, label="each fresh process" if i == 0 else None)
+        right.text(max([first] + [c["first_s"] for c in calls]) * 1.02, i, f"{first:.2f} s",
+                   va="center", fontsize=FONT - 1)
+    right.set_yticks(range(len(names)), names)
+    right.set_ylim(len(names) - 0.5, -1.6)  # room above the bars for the legend
+    most = max([1.0] + [c["first_s"] for calls in first_calls.values() for c in calls])
+    right.set_xlim(0, most * 1.3)
+    right.set_xlabel("seconds: trace + lower + compile + one step\n(lower is better)", fontsize=FONT - 1)
+    right.set_title("First call of a fresh 100-leaf Adam step", loc="left")
+    right.grid(True, axis="x", alpha=0.3)
+    right.legend(loc="upper right", fontsize=FONT - 1)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -3,11 +3,16 @@ order the variants are built in balanced out, and is a fresh training step's
 first call under filtx no slower than under `jax.jit` and Equinox? (The GPU
 report of issue 44.)
 
-Answered in: `docs/performance-notes.md`, and the GPU section of `docs/benchmarks.md`.
+Answered in: `docs/performance-notes.md#on-one-gpu-the-build-order-balanced`, and the GPU
+section of the benchmark report, `docs/benchmarks.md#on-one-gpu-the-build-order-balanced-probesgpu_reportpy`
+(the run of 2026-11-28 saved in `benchmarks/results/gpu_report/2026-11-28`).
 
     OUT=/some/dir bash benchmarks/probes/gpu_report.sh                 # on a lent GPU: about 4 minutes
     OUT=/tmp/gpu-out JAX_PLATFORMS=cpu bash benchmarks/probes/gpu_report.sh --quick   # every path, here
     python benchmarks/probes/gpu_report.py --summarize OUT/gpu_report.jsonl          # the tables again
+    python benchmarks/probes/gpu_report.py --summarize OUT/gpu_report.jsonl --report docs/benchmarks.md
+        # and the report's GPU section and its plot (docs/img/gpu_report.png), kept when
+        # benchmarks/report.py writes the page again
 
 Every measurement runs in a fresh process of its own, under its own timeout,
 and the whole run keeps to a deadline (`--deadline`, seconds): a job that
@@ -399,6 +404,239 @@ def hlo_report(hlo: list[dict], lines: list[dict]) -> list[str]:
     return out
 
 
+#
+# The report's section (`--report`): docs/benchmarks.md's GPU section and its plot
+#
+
+
+SECTION = "## On one GPU, the build order balanced (`probes/gpu_report.py`)"
+PLOT = "gpu_report.png"
+ROW_WHAT = {  # row -> what it times
+    "inference-100": "a model passed unchanged, 100 leaves",
+    "inference-1000": "a model passed unchanged, 1000 leaves",
+    "adam-loop-10": "donating Adam loop, 10 leaves",
+    "adam-loop-100": "donating Adam loop, 100 leaves",
+    "dict-adam-10-donate": "Adam step on dict parameters, 10 leaves",
+    "dict-adam-100-donate": "Adam step on dict parameters, 100 leaves",
+    "gru-rollout": "GRU cell rollout",
+    "mlp-2-layer": "2-layer MLP Adam step",
+}
+
+
+def run_info(jsonl_path: str) -> dict:
+    """When and where a saved run ran: the date, time, host and driver from
+    the header `gpu_report.sh` writes to the log beside the lines (where it is
+    there), else the date from the folder's name (`.../2026-11-28/`)."""
+    import re
+
+    folder = os.path.dirname(os.path.abspath(jsonl_path))
+    info = {"when": None, "host": None, "driver": None}
+    name = os.path.basename(folder)
+    if re.fullmatch(r"\d{4}-\d\d-\d\d", name):
+        info["when"] = name
+    try:
+        with open(os.path.join(folder, "gpu_report.log")) as f:
+            head = [next(f, "") for _ in range(4)]
+    except OSError:
+        return info
+    found = re.match(r"# gpu_report\.sh, (\d{4}-\d\d-\d\d \d\d:\d\d):\d\d UTC, [^,]*, (\d+) cores", head[0])
+    if found:
+        info["when"] = found.group(1) + " UTC"
+        info["host"] = f"{found.group(2)} host cores"
+    driver = next((line for line in head[1:] if re.match(r"\d+\.\d+(\.\d+)?, \d+ MiB, \d+ MHz", line)), None)
+    if driver:
+        info["driver"] = driver.split(",")[0].strip()
+    return info
+
+
+def cuda_versions(env: dict) -> str:
+    """`CUDA 13.0 (cuBLAS 13.1.0, cuDNN 9.19.0)` from a worker's env line
+    (JAX's own record of the libraries it loaded), or what of it is there."""
+    def dotted(n, thousands: bool) -> str:
+        if not isinstance(n, int):
+            return str(n)
+        return f"{n // 1000}.{n % 1000 // 10}" if thousands else f"{n // 10000}.{n % 10000 // 100}.{n % 100}"
+
+    cuda = env.get("cuda") or {}
+    runtime = cuda.get("cuda_runtime_get_version")
+    if runtime is None:
+        version = str(env.get("platform_version") or "?")
+        return version if not version.startswith("cuda ") else f"CUDA {dotted(int(version.split()[1]), True)}"
+    libraries = [f"{label} {dotted(cuda[key], False)}" for label, key in
+                 (("cuBLAS", "cublas_get_version"), ("cuDNN", "cudnn_get_version")) if key in cuda]
+    return f"CUDA {dotted(runtime, True)}" + (f" ({', '.join(libraries)})" if libraries else "")
+
+
+def section(lines: list[dict], info: dict, jsonl: str) -> list[str]:
+    """This run's section of `docs/benchmarks.md`: where and when, the timed
+    loops order-balanced with each order's figure and the targets, the first
+    call per wrapper with every process's figure, the compiled programs, the
+    4 MB device peak. `jsonl`: the saved lines' path, as the command to
+    rebuild the section names it."""
+    env = next((x for x in lines if x.get("kind") == "env"), {})
+    done = next((x for x in lines if x.get("kind") == "done"), {})
+    driver = info.get("driver") and "driver " + info["driver"]
+    where = ", ".join(p for p in (info.get("host"), driver) if p)
+    took = f"; the run took {done['wall_s']:.0f} s" if "wall_s" in done else ""
+    plugins = "; " + ", ".join(env["plugins"]) if env.get("plugins") else ""
+    loops = [x for x in lines if x.get("kind") == "loop"]
+    rounds = sorted({x["rounds"] for x in loops})
+    out = [
+        SECTION, "",
+        f"Measured {info.get('when') or '?'} on one {env.get('device_kind', '?')}"
+        f"{f' ({where})' if where else ''}, {cuda_versions(env)}, JAX {env.get('jax', '?')} "
+        f"(jaxlib {env.get('jaxlib', '?')}{plugins}), "
+        f"Equinox {env.get('equinox', '?')}, optax {env.get('optax', '?')}, Python {env.get('python', '?')}"
+        f"{took}. "
+        "Every other section of this page was measured on CPU. On a GPU machine the run is "
+        "`OUT=DIR bash benchmarks/probes/gpu_report.sh`; this section and its plot are made from "
+        f"the lines it saved with `python benchmarks/probes/gpu_report.py --summarize {jsonl} "
+        "--report docs/benchmarks.md`.",
+        "",
+        "The timed loops are the suites' own steps (`suites/bench_dispatch.py`, `suites/bench_pytrees.py`). "
+        "Each row's two builds, filtx's and its baseline's, were made in each order, in a fresh process "
+        f"per order; in a process the variants were timed round-robin ({', '.join(map(str, rounds))} rounds, "
+        "a fresh state each round), and its figure is the median of the per-round ratios; *order-balanced* is "
+        "the geometric mean of the two orders' figures, and *ms/step* the median over both processes. "
+        "`jax.jit` is `jax.jit` on the partitioned parameters (`jax.jit-params`); the floor is `jax.jit` on "
+        "the flat list of leaves, and the floor + build the same executable with its outputs built into "
+        "the model and optimiser state every step. What each figure shows, and what earlier fixed-order "
+        "figures said, is in the [performance notes](performance-notes.md#on-one-gpu-the-build-order-balanced).",
+        "",
+        "| row | what | filtx over | order-balanced | filtx built first | baseline built first | "
+        "filtx ms/step | baseline ms/step | target |",
+        "|---|---|---|---:|---:|---:|---:|---:|---|",
+    ]
+    summaries = loop_summaries(lines)
+    for s in summaries:
+        what = ROW_WHAT.get(s["row"], "")
+        if not s["runs"]:
+            out.append(f"| {s['row']} | {what} | {s['over']} | — | — | — | — | — | "
+                       f"<= {s['target']:.2f}x: not measured |")
+            continue
+        per = {k.split(",")[0]: v for k, v in s["per_order"].items()}
+        others = ", ".join(f"{v} {r:.3f}" for v, r in s["filtx_over"].items() if v != s["over"])
+        first, base = (f"{per[k]:.3f}" if k in per else "—" for k in ("filtx", "base"))
+        out.append(f"| {s['row']} | {what} | `{s['over']}`{' (' + others + ')' if others else ''} | "
+                   f"{s['filtx_over'][s['over']]:.3f} | {first} | {base} | "
+                   f"{s['ms_per_step']['filtx']:.4f} | {s['ms_per_step'][s['over']]:.4f} | "
+                   f"<= {s['target']:.2f}x: {verdict(s['met'], s['balanced'])} |")
+    out += ["", f"![The timed loops' filtx time over the baseline's on {env.get('device_kind', 'the GPU')}, "
+            "order-balanced, each order's figure and the target; the first call under each wrapper, "
+            f"every process's figure; lower is better](img/{PLOT})", ""]
+    out += first_call_section(lines)
+    out += peak_section(lines)
+    return out
+
+
+def first_call_section(lines: list[dict]) -> list[str]:
+    calls = [x for x in lines if x.get("kind") == "first_call"]
+    if not calls:
+        return ["The first call was not measured in this run.", ""]
+    first = first_call_summary(lines)
+    mine = {FIRST_NAMES[v]: [x for x in calls if x["variant"] == v] for v in FIRST_VARIANTS}
+    mine = {k: v for k, v in mine.items() if v}
+    out = [
+        "**The first call** of a fresh 100-leaf MLP Adam step (`suites/bench_first_call.py`'s step: trace, "
+        "lower, compile and one step, blocked on), each wrapper in fresh processes of its own, the wrappers' "
+        "order rotating, the persistent compilation cache off; split by JAX's monitoring events. *Rest*: "
+        "the first call less XLA's compile (tracing, lowering, the wrapper's host work and the step), "
+        "per process. The *second call* is where filtx builds its output builder. Seconds.",
+        "",
+        "| wrapper | first call, each process in run order | median | XLA's compile, median | rest, median | "
+        "second call, median | filtx's median over this |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for name, xs in mine.items():
+        ratio = first["filtx_over"].get(name)
+        each = ", ".join(f"{x['first_s']:.3f}" for x in xs)
+        out.append(f"| {name} | {each} | "
+                   f"{statistics.median(x['first_s'] for x in xs):.3f} | "
+                   f"{statistics.median(x['compile_s'] for x in xs):.3f} | "
+                   f"{statistics.median(x['first_s'] - x['compile_s'] for x in xs):.3f} | "
+                   f"{statistics.median(x['second_s'] for x in xs):.4f} | "
+                   f"{'—' if ratio is None else f'{ratio:.3f}'} |")
+    ratios = " and ".join(f"{r:.3f}x {k}'s" for k, r in first["filtx_over"].items())
+    out += ["", f"Target: filtx's median first call <= {FIRST_TARGET:.2f}x both `jax.jit`'s and Equinox's: "
+            f"{ratios or 'not compared'}, {verdict(first['met'])}."]
+    if "filtx" in mine:
+        pairs = [f"{sum(a['first_s'] < b['first_s'] for a in mine['filtx'] for b in xs)} of "
+                 f"{len(mine['filtx']) * len(xs)} pairs with {name}"
+                 for name, xs in mine.items() if name != "filtx"]
+        spread = ", ".join(f"{k} {min(x['first_s'] for x in xs):.3f}-{max(x['first_s'] for x in xs):.3f} s"
+                           for k, xs in mine.items())
+        out[-1] += (f" A process's first call ranged over {spread}; filtx's process was the faster in "
+                    f"{' and '.join(pairs)}.")
+    hlo = {x["variant"]: x for x in lines if x.get("kind") == "hlo"}
+    if hlo:
+        groups: dict = {}
+        for name, x in hlo.items():
+            groups.setdefault(x["structure_hash"], []).append(name)
+        described = [f"{' and '.join(names)}: {hlo[names[0]]['instructions']} instructions, "
+                     f"{hlo[names[0]]['parameters']} parameters, {hlo[names[0]]['outputs']} outputs, "
+                     f"{hlo[names[0]]['aliased']} aliased (structure hash {h})" for h, names in groups.items()]
+        timed = {x.get("job"): x for x in calls}
+        again = [f"{name} {x['again_compile_s']:.3f} s (its timed first compile "
+                 f"{timed[x.get('job')]['compile_s']:.3f})" if x.get("job") in timed else
+                 f"{name} {x['again_compile_s']:.3f} s" for name, x in hlo.items()]
+        out += ["", "The programs each wrapper compiles (lowered and compiled again ahead of time in its first "
+                "process; `first_call_hlo.txt` beside the saved lines): " + "; ".join(described) + ". "
+                "XLA's compile of the same program again in the same process, after `jax.clear_caches()`: "
+                + ", ".join(again) + "."]
+    return out + [""]
+
+
+def peak_section(lines: list[dict]) -> list[str]:
+    peaks = [x for x in lines if x.get("kind") == "peak" and "peak_mib" in x]
+    if not peaks:
+        return []
+    state = peaks[0].get("state_mib")
+    xla = next((x["xla_peak_mib"] for x in peaks if x.get("xla_peak_mib")), None)
+    out = [f"**The 4 MB non-donating device peak** (`compare_stability.py`'s step: an `eqx.nn.MLP` of width "
+           f"1024, Adam, a batch of 64; one state, parameters and Adam's moments, is "
+           f"{state:.2f} MiB{f'; XLA figures the step at {xla:.2f} MiB' if xla else ''}): "
+           "`filtx.compare_donation`'s reading for mode `none` against a loop of that mode alone "
+           f"({PEAK_STEPS} steps), pipelined and blocked after every step, each measured above the process's "
+           "high-water mark filled first; two processes, each measuring one side first. *Running at the end*: "
+           "the loop's steps still running when its last was dispatched.", "",
+           "| what | process measured first | MiB | states | running at the end |",
+           "|---|---|---:|---:|---:|"]
+    for x in peaks:
+        mib = x.get("peak_mib")
+        out.append(f"| {x['what']} | {x['first']} | {'— (the loop stayed below the mark)' if mib is None else mib} | "
+                   f"{'—' if x.get('states') is None else x['states']} | "
+                   f"{x.get('in_flight_at_last_dispatch', '—')} |")
+    return out + [""]
+
+
+def report(jsonl_path: str, page_path: str) -> list[str]:
+    """Write this run's section of `page_path` (`section`, replacing the one
+    there or put before `## Reproducing`) and its plot (`img/gpu_report.png`
+    beside the page), from the lines a run saved; returns the section."""
+    sys.path.insert(0, BENCH)
+    from _support import report_pages, report_plots
+
+    with open(jsonl_path) as f:
+        lines = [json.loads(line) for line in f if line.strip()]
+    shown = os.path.relpath(os.path.abspath(jsonl_path), ROOT)
+    if shown.startswith(".."):
+        shown = jsonl_path
+    new = section(lines, run_info(jsonl_path), shown)
+    env = next((x for x in lines if x.get("kind") == "env"), {})
+    img = os.path.join(os.path.dirname(os.path.abspath(page_path)), "img")
+    os.makedirs(img, exist_ok=True)
+    calls = [x for x in lines if x.get("kind") == "first_call"]
+    first = {FIRST_NAMES[v]: [x for x in calls if x["variant"] == v] for v in FIRST_VARIANTS}
+    report_plots.plot_gpu_report(
+        loop_summaries(lines), {k: v for k, v in first.items() if v}, os.path.join(img, PLOT),
+        f"On one {env.get('device_kind', 'GPU')} (JAX {env.get('jax', '?')}), {run_info(jsonl_path)['when'] or ''}")
+    with open(page_path) as f:
+        page = f.read().split("\n")
+    with open(page_path, "w") as f:
+        f.write("\n".join(report_pages.replace_section(page, new)))
+    return new
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "./device-out"))
@@ -410,14 +648,21 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, help="rounds of every timed row")
     parser.add_argument("--jobs", default="loops,first,peak", help="which jobs: loops, first, peak")
     parser.add_argument("--summarize", metavar="JSONL", help="print the tables from a gpu_report.jsonl, and stop")
+    parser.add_argument("--report", metavar="PAGE", help="with --summarize: also write the run's section of PAGE "
+                        "(docs/benchmarks.md) and its plot (img/gpu_report.png beside it)")
     parser.add_argument("--worker", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(args.worker)
         return
+    if args.report and not args.summarize:
+        parser.error("--report needs --summarize JSONL: the saved lines it is written from")
     if args.summarize:
         with open(args.summarize) as f:
             summarize([json.loads(line) for line in f if line.strip()])
+        if args.report:
+            report(args.summarize, args.report)
+            print(f"wrote {SECTION!r} in {args.report}, and img/{PLOT} beside it")
         return
     output = Output(args.out)
     for name in ("gpu_report.jsonl", "first_call_hlo.txt", "first_call_hlo.tar.gz"):
