@@ -107,10 +107,12 @@ def compile_fresh(variant: str):
     return jitted.lower(params, batch()).compile()
 
 
-def compile_case(variant) -> interleave.Case:
+def compile_case(variant, smoke) -> interleave.Case:
     """One untimed compile (JAX's own import-time and first-use paths), then a
-    fresh function per round, after one untimed warm-up round."""
-    compile_fresh(variant)
+    fresh function per round, after one untimed warm-up round. In smoke mode
+    (nothing timed) the body's one compile alone."""
+    if not smoke:
+        compile_fresh(variant)
     return interleave.Case(compile_fresh, rounds=COMPILE_ROUNDS, args=(variant,), warmup_rounds=1)
 
 
