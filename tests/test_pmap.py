@@ -1,10 +1,13 @@
 """filter_pmap: whole models in and out, one trace, donation, axes, errors."""
 
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 import filtx
 
@@ -83,12 +86,14 @@ def test_matches_single_device_training():
     model = replicate(make_model())
     reference = make_model()
     x, y = data()
+
+    @jax.jit  # one device on the whole batch: the mean of per-device means
+    def grads_of(arrays):
+        return jax.grad(lambda m: loss_fn({**reference, **m}, x.reshape(-1, 4), y.reshape(-1, 1)))(arrays)
+
     for _ in range(3):
         model, _ = p(model, x, y)
-        # one device on the whole batch: the mean of per-device means
-        grads = jax.grad(lambda m: loss_fn({**reference, **m}, x.reshape(-1, 4), y.reshape(-1, 1)))(
-            {k: v for k, v in reference.items() if filtx.is_array(v)}
-        )
+        grads = grads_of({k: v for k, v in reference.items() if filtx.is_array(v)})
         reference = {k: (v - 0.1 * grads[k] if k in grads else v) for k, v in reference.items()}
     assert jnp.allclose(model["w1"][0], reference["w1"], atol=1e-5)
     assert jnp.allclose(model["w1"][0], model["w1"][N - 1])
@@ -240,10 +245,16 @@ def test_works_under_a_mesh_set_for_the_whole_program_and_traces_once(kind):
         return sgd_step(model, x, y)
 
     p = filtx.filter_pmap(step, axis_name="devices", out_axes=(filtx.if_array(0), None))
-    expected, _ = p(replicate(make_model()), *data())
-    with jax.set_mesh(make_mesh(kind)):
-        model, loss = p(replicate(make_model()), *data())
-        model, loss = p(model, *data())
+    model, batch = replicate(make_model()), data()
+    expected, _ = p(model, *batch)
+    mesh = make_mesh(kind)
+    with jax.set_mesh(mesh):
+        # Placed as arrays made under the mesh are (replicated over it), without
+        # compiling their initialisers again for it.
+        on_mesh = functools.partial(
+            jax.tree.map, lambda a: jax.device_put(a, NamedSharding(mesh, P())) if filtx.is_array(a) else a)
+        model, loss = p(on_mesh(model), *on_mesh(batch))
+        model, loss = p(model, *on_mesh(batch))
     np.testing.assert_allclose(np.asarray(model["w1"])[0], np.asarray(
         p(expected, *data())[0]["w1"])[0], rtol=1e-6)
     assert len(traces) == 1
@@ -260,8 +271,6 @@ def test_outputs_are_sharded_over_a_one_axis_mesh_and_one_devices_copy_reads_wit
 
 
 def test_inputs_committed_elsewhere_are_moved_and_donated_ones_deleted():
-    from jax.sharding import NamedSharding, PartitionSpec as P
-
     from _helpers import make_mesh
 
     p = filtx.filter_pmap(lambda x: x * 2)
