@@ -178,7 +178,7 @@ def slow(x, n):
 x = jax.random.normal(jax.random.PRNGKey(0), (768, 768)) / 30
 slow(x, jnp.asarray(1)).block_until_ready()  # compile
 n, total = 8, 0.0
-while total < 0.5:  # grow the work until it takes half a second (a cached call dispatches in microseconds)
+while total < 0.25:  # grow the work until it takes a quarter of a second (a cached call dispatches in microseconds)
     n *= 2
     t0 = time.perf_counter()
     out = slow(x, jnp.asarray(n))
