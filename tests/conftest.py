@@ -1,6 +1,7 @@
 """Test configuration: 8 virtual CPU devices, set before JAX is imported, and
 XLA's quickest compiles."""
 
+import gc
 import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
@@ -53,3 +54,18 @@ def reuse_outputs(request, monkeypatch):
         monkeypatch.setattr(_reuse, "MIN_LEAVES", 1)
     yield request.param
     filtx.reuse_outputs(before)
+
+
+@pytest.fixture
+def frozen_heap():
+    """Every object made before the test frozen (`gc.freeze`) while it runs, so
+    that its `gc.collect()` examines only what the test made, not the whole
+    worker's heap (hundreds of thousands of objects by the end of a run, a
+    large part of a second per collection). An object made before the test is
+    never freed while it runs, so a check that something the test made is freed
+    can only be stricter. Unfrozen afterwards (to the oldest generation)."""
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()

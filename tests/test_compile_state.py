@@ -85,6 +85,7 @@ def _no_state_on_classes():
             assert STATE not in getattr(value, "__dict__", {}), f"{cls.__name__}.{name}"
 
 
+@pytest.mark.usefixtures("frozen_heap")  # its gc.collect() examines what it made
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_a_thousand_objects_wrapped_called_and_dropped_are_all_freed(kind):
     """1,000 objects with their own entries each (their state built as under
@@ -211,6 +212,7 @@ def test_the_state_on_an_object_changes_nothing_it_shows_or_compares_and_follows
     assert vars(outer)[STATE] is not vars(inner)[STATE]
 
 
+@pytest.mark.usefixtures("frozen_heap")  # its gc.collect() examines what it made
 def test_equal_wrappers_share_their_state_and_module_states_are_bounded(monkeypatch):
     obj = Plain()
     assert filtx.filter_jit(obj)._boundary is filtx.filter_jit(obj)._boundary

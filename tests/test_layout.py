@@ -109,6 +109,7 @@ def test_calls_no_layout_can_lay_out_try_one_after_1_2_4_8_of_them(monkeypatch):
     assert 3 <= len(tries) <= 8, len(tries)
 
 
+@pytest.mark.usefixtures("frozen_heap")  # its gc.collect() examines what it made
 def test_a_layout_keeps_no_argument_alive():
     cell = eqx.nn.GRUCell(4, 8, key=jax.random.PRNGKey(0))
     f = filtx.filter_jit(lambda cell, x, h: cell(x, h))
@@ -172,6 +173,7 @@ def test_a_donating_layout_refuses_one_object_passed_twice_before_xla_sees_it(ta
     assert not b.ws[0].is_deleted()
 
 
+@pytest.mark.usefixtures("frozen_heap")  # its gc.collect() examines what it made
 def test_a_layout_is_made_again_after_the_model_it_laid_out_calls_for_dies(takes):
     # An evaluation loop given a new model every epoch, the old one dropped.
     evaluate = filtx.filter_jit(lambda model, x: model(x))

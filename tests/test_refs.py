@@ -44,6 +44,7 @@ def test_any_number_of_refs_of_one_shape_and_dtype_is_one_trace():
     assert step.traces == 2
 
 
+@pytest.mark.usefixtures("frozen_heap")  # its gc.collect() examines what it made
 def test_a_compiled_entry_keeps_no_ref_alive():
     f = filtx.filter_jit(add_into)
     ref = jax.new_ref(jnp.zeros(3))

@@ -134,6 +134,7 @@ def test_mutable_outputs_are_never_reused(reused):
     assert reused == [] and not f._boundary.records
 
 
+@pytest.mark.usefixtures("frozen_heap")  # its gc.collect() examines what it made
 @pytest.mark.parametrize("kind", ["filter_jit", "filter_pmap"])
 def test_a_record_dies_with_its_object_and_keeps_nothing_alive(kind):
     model, opt_state, step = make()
@@ -152,6 +153,7 @@ def test_a_record_dies_with_its_object_and_keeps_nothing_alive(kind):
     assert not f._boundary.records
 
 
+@pytest.mark.usefixtures("frozen_heap")  # its gc.collect() examines what it made
 def test_an_id_reused_by_another_object_is_no_hit(reused):
     model, opt_state, step = make()
     f = filtx.filter_jit(step)
@@ -387,6 +389,7 @@ def test_a_donated_model_passed_again_is_refused_by_path():
         ev(model, x)
 
 
+@pytest.mark.usefixtures("frozen_heap")  # its gc.collect() examines what it made
 @pytest.mark.parametrize("kind", RECORDING_TRANSFORMS)
 def test_a_passed_objects_record_keeps_nothing_alive(kind):
     f = recording(kind, lambda m, x: evaluate(m, x))  # its own compile state: no layout from other tests

@@ -45,6 +45,7 @@ TRANSFORMS = {
 }
 
 
+@pytest.mark.usefixtures("frozen_heap")  # its gc.collect() examines what it made
 @pytest.mark.parametrize("name", TRANSFORMS)
 @pytest.mark.parametrize("bound", [False, True])
 def test_a_deleted_wrapper_leaves_nothing_of_its_model_alive(name, bound):
