@@ -3,6 +3,8 @@ Auto, mixed; axis types always given): a data-parallel step, an FSDP step
 whose parameters and Adam state follow one callable rule, and a model
 initialised directly sharded. Each matches the same training on one device."""
 
+import functools
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -48,8 +50,14 @@ def make_step(optim, gather=None):
     return step
 
 
-def one_device(optim):
-    """The reference: the same steps on one device, with Equinox's own filter_jit."""
+OPTIMISERS = {"sgd": lambda: optax.sgd(0.1, momentum=0.9), "adam": lambda: optax.adam(1e-2)}
+
+
+@functools.cache
+def one_device(name):
+    """The reference: the same steps on one device, with Equinox's own filter_jit
+    (made once per optimiser; every mesh's test only reads it)."""
+    optim = OPTIMISERS[name]()
     model = make_model()
     opt_state = optim.init(eqx.filter(model, eqx.is_inexact_array))
     step = eqx.filter_jit(make_step(optim))
@@ -71,7 +79,7 @@ def assert_same_training(model, losses, reference):
 
 
 def test_data_parallel_step_matches_one_device(mesh):
-    optim = optax.sgd(0.1, momentum=0.9)
+    optim = OPTIMISERS["sgd"]()
     step = filtx.filter_jit(
         counting(make_step(optim)), donate="arrays", mesh=mesh,
         in_shardings={"model": P(), "opt_state": P(), "x": P("data"), "y": P("data")},
@@ -87,11 +95,11 @@ def test_data_parallel_step_matches_one_device(mesh):
         losses.append(float(loss))
     assert step.__wrapped__.traces == 1
     assert placed_as(model.layers[0].weight, mesh, P()) and model.activation is jax.nn.relu
-    assert_same_training(model, losses, one_device(optim))
+    assert_same_training(model, losses, one_device("sgd"))
 
 
 def test_fsdp_step_with_adam_keeps_the_moments_sharded_like_their_parameters(mesh):
-    optim = optax.adam(1e-2)
+    optim = OPTIMISERS["adam"]()
     fsdp = fsdp_spec(mesh.shape["data"])
     model = filtx.filter_shard(make_model(), fsdp, mesh=mesh)
     opt_state = filtx.filter_shard(optim.init(eqx.filter(model, eqx.is_inexact_array)), fsdp, mesh=mesh)
@@ -109,7 +117,7 @@ def test_fsdp_step_with_adam_keeps_the_moments_sharded_like_their_parameters(mes
     mu = opt_state[0].mu.layers[1].weight
     assert placed_as(mu, mesh, P("data")) and mu.sharding.is_equivalent_to(weight.sharding, 2)
     assert placed_as(opt_state[0].mu.layers[1].bias, mesh, P("data"))
-    assert_same_training(model, losses, one_device(optim))
+    assert_same_training(model, losses, one_device("adam"))
 
 
 def test_a_model_initialised_directly_sharded(mesh):
