@@ -25,17 +25,48 @@ BOTH_WAYS = {"test_jit.py", "test_fidelity.py", "test_donation.py"}
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "one_way: run once, not both with and without reuse (a timing test)")
-    # The suite spends most of its time compiling small programs: JAX's
-    # `jax_disable_most_optimizations` (XLA's backend at optimisation level 0,
-    # LLVM's expensive passes off) compiles them in about 60 % of the time. The
-    # tests check what filtx does (results, traces, donation and aliasing,
-    # placement, XLA's memory figures: all settled by JAX and XLA's HLO passes
-    # before LLVM runs), not how fast XLA's code runs. In this process only, and
-    # not when the run times the benchmark suites (`--benchmark-enable`): the
-    # processes a test starts (a user's script, a worker, a probe) compile as a
-    # user's do.
     if not config.getoption("benchmark_enable", False):
-        jax.config.update("jax_disable_most_optimizations", True)
+        compile_quickly()
+
+
+# XLA's CPU code generator for fused operations: the one before its MLIR-based
+# fusion emitters (the default). Known to the jaxlib versions CI runs
+# (0.7.2, the oldest filtx supports, to 0.10.2); XLA aborts on a flag it does not
+# know, so it is given to those versions only: check a newer jaxlib knows it
+# before widening `FUSION_EMITTERS_FLAG_JAXLIB`.
+FUSION_EMITTERS_FLAG = "--xla_cpu_use_fusion_emitters=false"
+FUSION_EMITTERS_FLAG_JAXLIB = ((0, 7), (0, 10))
+
+
+def compile_quickly():
+    """The suite spends most of its time compiling small programs; in this
+    process, XLA compiles them in about a third of the time: JAX's
+    `jax_disable_most_optimizations` (XLA's backend at optimisation level 0,
+    LLVM's expensive passes off) and XLA's CPU fusion code generator before its
+    MLIR-based emitters. The tests check what filtx does (results, traces,
+    donation and aliasing, placement, XLA's memory figures: all settled by JAX
+    and XLA's HLO passes, and the same either way), not how fast XLA's code runs.
+
+    Not when the run times the benchmark suites (`--benchmark-enable`), and not
+    in the processes a test starts (a user's script, a worker, a probe): they
+    compile as a user's do. XLA reads `XLA_FLAGS` once, as its backend starts,
+    so the flag is there only while this process starts it."""
+    from importlib.metadata import version
+
+    jax.config.update("jax_disable_most_optimizations", True)
+    jaxlib = tuple(int(part) for part in version("jaxlib").split(".")[:2])
+    low, high = FUSION_EMITTERS_FLAG_JAXLIB
+    flags = os.environ.get("XLA_FLAGS")
+    if not low <= jaxlib <= high or "xla_cpu_use_fusion_emitters" in (flags or ""):
+        return
+    os.environ["XLA_FLAGS"] = f"{flags or ''} {FUSION_EMITTERS_FLAG}".strip()
+    try:
+        jax.devices()  # the backend starts, reading XLA_FLAGS
+    finally:
+        if flags is None:
+            del os.environ["XLA_FLAGS"]
+        else:
+            os.environ["XLA_FLAGS"] = flags
 
 
 def pytest_generate_tests(metafunc):
