@@ -254,7 +254,7 @@ def body(first, pair, x, n):
     return first.act(first.w * x) * n + a.b - b.w * 2, (type(n).__name__, first.act.__name__)
 
 
-@budget(8)  # (test_layout_properties.py holds what a layout takes to the full split itself)
+@budget(12)  # (test_layout_properties.py holds what a layout takes to the full split itself)
 @given(calls())
 def test_laid_out_calls_give_what_the_full_path_gives(sequence):
     laid = filtx.filter_jit(lambda *args: body(*args))

@@ -101,7 +101,7 @@ def total(*args):
     return out
 
 
-@budget(20)
+@budget(30)
 @given(calls())
 def test_a_layout_takes_what_the_full_path_splits(case):
     shape, sequence = case

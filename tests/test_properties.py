@@ -438,7 +438,7 @@ def check_identity(inside: list, leaves, roles, out, share: bool, nothing_donate
 # filter_jit
 
 
-@budget(100)
+@budget(140)
 @given(calls("jit"), st.data())
 def test_filter_jit_matches_untransformed_and_donates_exactly(drawn, data):
     bps, how, mode, share, pairs, spec_form = drawn
@@ -502,7 +502,7 @@ def vmap_reference(call, roles, batch):
     return merged, statics_out["treedef"], mapped
 
 
-@budget(60)
+@budget(100)
 @given(calls("vmap"), st.data())
 def test_filter_vmap_matches_jax_vmap_on_the_same_partition(drawn, data):
     bps, how, mode, share, pairs, spec_form = drawn
@@ -531,7 +531,7 @@ def pmap_put(x):
     return _to_devices(x)  # sharded over the devices, as a previous pmap step leaves it
 
 
-@budget(30)
+@budget(40)
 @given(calls("pmap"), st.data())
 def test_filter_pmap_matches_vmap_on_the_same_partition_and_donates_exactly(drawn, data):
     bps, how, mode, share, pairs, spec_form = drawn

@@ -177,7 +177,7 @@ def interleavings(draw):
 
 
 @pytest.mark.parametrize("kind", RECORDING_TRANSFORMS)
-@budget(25)
+@budget(40)
 @given(interleavings())
 def test_passed_objects_reused_give_what_reuse_off_gives(kind, calls):
     before = reuse.MIN_LEAVES
