@@ -195,23 +195,17 @@ def compare(config: DonationConfig) -> dict:
     return {"mode": "compare", "table": str(comparison), "rows": comparison.as_dicts()}
 
 
-# What fits per mode is searched under the device's own limit where it reports
-# one (GPU, TPU); a CPU reports none, so these stand in.
-CPU_LIMIT_GIB, QUICK_CPU_LIMIT_GIB = 4.0, 1.0
+CPU_LIMIT_GIB, QUICK_CPU_LIMIT_GIB = 4.0, 1.0  # a CPU reports no memory limit: these stand in
 
 
 def capacity(config: DonationConfig, quick: bool) -> dict:
-    """`filtx.compare_capacity` on the same step: the widest MLP (its other
-    sizes as configured) each mode trains under the limit, from compiles of an
-    abstract model alone."""
+    """`filtx.compare_capacity` on the same step: the widest MLP each mode trains
+    under the device's limit (or the CPU's stand-in), from compiles alone."""
 
     def make_args(width: int):
         model = eqx.filter_eval_shape(make_model, dataclasses.replace(config, width=width), 0)
-        batch = (
-            jax.ShapeDtypeStruct((config.batch_size, config.in_size), jnp.float32),
-            jax.ShapeDtypeStruct((config.batch_size, config.out_size), jnp.float32),
-        )
-        return (model, batch), {}
+        shapes = [(config.batch_size, config.in_size), (config.batch_size, config.out_size)]
+        return (model, tuple(jax.ShapeDtypeStruct(shape, jnp.float32) for shape in shapes)), {}
 
     limit = None
     if jax.local_devices()[0].memory_stats() is None:
