@@ -15,6 +15,7 @@ from .._core.outputs import parts
 from .._core.roles import donate, static
 from .._core.share import unique_donation
 from .._transforms.wrapper import inspect_call
+from .compare.result import table_lines
 
 __all__ = ["donation_report", "DonationReport", "DonationRow"]
 
@@ -83,11 +84,9 @@ class DonationReport:
     def __str__(self) -> str:
         header = ("path", "role", "value", "buffer goes to")
         body = [(r.path, r.role, r.value, r.output or r.reason or "") for r in self.rows]
-        widths = [max(len(str(row[i])) for row in [header, *body]) for i in range(4)]
-        line = lambda row: "  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip()  # noqa: E731
         saved = len(self.donated) - len(self.unusable)
         summary = f"{self.function}: {len(self.donated)} donated, {saved} reused by an output, {len(self.unusable)} not"
-        return "\n".join([summary, line(header), line(["-" * w for w in widths]), *map(line, body)])
+        return "\n".join([summary, *table_lines(header, body)])
 
 
 def donation_report(wrapped: Any, /, *args, **kwargs) -> DonationReport:

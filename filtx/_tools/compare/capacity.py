@@ -8,6 +8,7 @@ the device's allocator reports statistics. The rows' wrappers are
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from typing import Any, Callable
@@ -21,8 +22,8 @@ from ..._transforms.lowering import stand_ins
 from ..._transforms.wrapper import as_pytree
 from .capacity_result import CapacityComparison, CapacityRow
 from .donation import quiet_donation_warnings
-from .loop import Feeding
-from .memory import OwnPeak, analysis_parts, block, device_memory, fresh, is_deleted, memory_figures
+from .loop import Feeding, array_like
+from .memory import OwnPeak, analysis_parts, block, device_memory, fresh, is_deleted, memory_figures, shard_bytes
 from .modes import _Filtx, mode_groups
 from .result import format_bytes
 from .search import largest_fitting
@@ -145,8 +146,7 @@ def compare_capacity(
     name = getattr(step, "__qualname__", None) or getattr(groups.given, "__qualname__", None) or type(step).__name__
     show = sys.stderr.isatty() if progress is None else progress
     feeding = _Fed(feed)
-    stats = device_memory()
-    do_verify = stats is not None if verify is None else verify
+    do_verify = device_memory() is not None if verify is None else verify
     rows: list[CapacityRow] = []
     hint = None
     with quiet_donation_warnings():
@@ -259,27 +259,23 @@ class _Sizes:
         # fields (an `eqx.nn.MLP`'s `width_size`) may change with n.
         form = [(keystr(p), _kind(x)) for p, x in jax.tree_util.tree_flatten_with_path((args, kwargs))[0]]
         if self.first is None:
-            self.first = (n, form, (args, kwargs))
+            self.first = (n, form)
         elif form != self.first[1]:
             raise ValueError(
                 f"compare_capacity: make_args({n}) gives arguments of another structure than make_args({self.first[0]}): "
-                f"{_first_difference(self.first[2], (args, kwargs))}. make_args must return the same structure at "
+                f"{_first_difference(self.first[1], form)}. make_args must return the same structure at "
                 f"every n, only the sizes changing."
             )
         return args, kwargs
 
 
 def _kind(x: Any) -> str:
-    return "array" if _is_arrayish(x) else type(x).__name__
+    return "array" if array_like(x) else type(x).__name__
 
 
-def _is_arrayish(x: Any) -> bool:
-    return isinstance(x, (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct))
-
-
-def _first_difference(a: Any, b: Any) -> str:
-    pa = {keystr(p): _kind(x) for p, x in jax.tree_util.tree_flatten_with_path(a)[0]}
-    pb = {keystr(p): _kind(x) for p, x in jax.tree_util.tree_flatten_with_path(b)[0]}
+def _first_difference(before: list, now: list) -> str:
+    """Where two `(path, kind)` forms of `(args, kwargs)` first differ."""
+    pa, pb = dict(before), dict(now)
     for path in sorted(set(pa) | set(pb)):
         if pa.get(path) != pb.get(path):
             where = "(args, kwargs)" + path
@@ -372,16 +368,10 @@ def _device_bytes(x: Any, scale: float) -> int:
     a sharding, else its size times `scale` (1 for a jit step, one over the
     devices for a `filter_pmap` step, whose arguments are split along their
     leading axis)."""
-    if not _is_arrayish(x):
+    if not array_like(x):
         return 0
-    shape, dtype = np.shape(x), np.dtype(x.dtype)
     sharding = getattr(x, "sharding", None)
-    if sharding is not None:
-        try:
-            return int(np.prod(sharding.shard_shape(shape), dtype=np.int64)) * dtype.itemsize
-        except Exception:
-            pass
-    return int(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize * scale)
+    return shard_bytes(x, sharding) if sharding is not None else int(shard_bytes(x, None) * scale)
 
 
 def _materialize(x: Any) -> Any:
@@ -389,8 +379,7 @@ def _materialize(x: Any) -> Any:
     sharding where it has one), a copy of a concrete array (so nothing of the
     caller's is donated), other leaves as they are."""
     if isinstance(x, jax.ShapeDtypeStruct):
-        sharding = getattr(x, "sharding", None)
-        return jnp.zeros(x.shape, x.dtype, device=sharding) if sharding is not None else jnp.zeros(x.shape, x.dtype)
+        return jnp.zeros(x.shape, x.dtype, device=getattr(x, "sharding", None))
     return fresh(x)
 
 
@@ -464,6 +453,4 @@ def _renewed(tree: Any, template: Any) -> Any:
 
 
 def _replace(row: CapacityRow, **changes: Any) -> CapacityRow:
-    import dataclasses
-
     return dataclasses.replace(row, **changes)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .result import format_bytes
+from .result import format_bytes, table_lines
 
 __all__ = ["CapacityRow", "CapacityComparison"]
 
@@ -151,8 +151,6 @@ class CapacityComparison:
             ) + ((format_bytes(r.device_peak_bytes),) if device else ()) + (
                 "-" if r.over is None else str(r.over), format_bytes(r.over_peak_bytes), str(r.probes),
             ))
-        widths = [max(len(str(row[i])) for row in [header, *body]) for i in range(len(header))]
-        line = lambda row: "  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip()  # noqa: E731
         devices = max((r.devices for r in self.rows), default=1)
         per = f", bytes per device ({devices} devices)" if devices > 1 else ""
         summary = (
@@ -178,7 +176,7 @@ class CapacityComparison:
                 notes.append(f"{r.mode}: {r.verified}")
         if device:
             notes.append("device peak: the allocator's peak over a real loop at n, its arguments included")
-        return "\n".join([summary, line(header), line(["-" * w for w in widths]), *map(line, body), *notes])
+        return "\n".join([summary, *table_lines(header, body), *notes])
 
     def plot(self, path: Any = None) -> Any:
         """Each mode's predicted loop peak against the size (every size the

@@ -16,7 +16,7 @@ import numpy as np
 from .memory import OwnPeak, block, fresh, fresh_tree, in_flight_window, is_deleted
 from ..._core.roles import is_array, is_ref
 
-__all__ = ["Run", "Feeding", "WHOLE"]
+__all__ = ["Run", "Feeding", "WHOLE", "array_like"]
 
 
 WHOLE = -1  # a `Feeding.sources` entry: the whole output feeds this argument
@@ -76,14 +76,14 @@ def _alike(a: Any, b: Any) -> bool:
     if ta != tb:
         return False
     for x, y in zip(la, lb):
-        if _array_like(x) != _array_like(y):
+        if array_like(x) != array_like(y):
             return False
-        if _array_like(x) and (np.shape(x) != np.shape(y) or x.dtype != y.dtype):
+        if array_like(x) and (np.shape(x) != np.shape(y) or x.dtype != y.dtype):
             return False
     return True
 
 
-def _array_like(x: Any) -> bool:
+def array_like(x: Any) -> bool:
     """An array, or a `jax.ShapeDtypeStruct` standing for one (the capacity
     search feeds abstract outputs back as a loop feeds arrays)."""
     return is_array(x) or isinstance(x, jax.ShapeDtypeStruct)

@@ -18,7 +18,7 @@ from ..._core.roles import is_ref
 
 __all__ = [
     "fresh", "fresh_tree", "is_deleted", "block", "in_flight_window", "device_memory", "OwnPeak",
-    "memory_figures", "outputs_differ", "executable", "analysis_parts",
+    "memory_figures", "outputs_differ", "executable", "analysis_parts", "shard_bytes",
 ]
 
 
@@ -152,9 +152,9 @@ def memory_figures(compiled: Any) -> dict[str, Any]:
         )
         out.update(peak_bytes=int(total), peak_source="sum")
     # A jax.Ref's write-back is aliased to its input too: that is not donation.
-    refs = sum(_shard_bytes(arg_aval(a), shardings.get(i)) for i, a in enumerate(infos) if is_ref_aval(arg_aval(a)))
+    refs = sum(shard_bytes(arg_aval(a), shardings.get(i)) for i, a in enumerate(infos) if is_ref_aval(arg_aval(a)))
     out["reused_bytes"] = max(0, int(analysis.alias_size_in_bytes) - refs)
-    out["donated_bytes"] = sum(_shard_bytes(arg_aval(a), shardings.get(i)) for i, a in enumerate(infos) if a.donated)
+    out["donated_bytes"] = sum(shard_bytes(arg_aval(a), shardings.get(i)) for i, a in enumerate(infos) if a.donated)
     return out
 
 
@@ -201,7 +201,10 @@ def _input_shardings(inner: Any, count: int) -> dict[int, Any]:
     return {}
 
 
-def _shard_bytes(aval: Any, sharding: Any) -> int:
+def shard_bytes(aval: Any, sharding: Any) -> int:
+    """The bytes of one shard of an array of `aval` (an array, an abstract
+    value, a `ShapeDtypeStruct`) placed by `sharding`; the whole array where
+    the sharding is None or cannot say."""
     aval = getattr(aval, "inner_aval", aval)
     try:
         shape = sharding.shard_shape(aval.shape)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-__all__ = ["ModeRow", "DonationComparison", "format_bytes"]
+__all__ = ["ModeRow", "DonationComparison", "format_bytes", "table_lines"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +99,14 @@ def format_bytes(n: int | None) -> str:
         if abs(n) >= size:
             return f"{n / size:.2f} {unit}"
     return f"{n} B"
+
+
+def table_lines(header: tuple, body: list) -> list[str]:
+    """A plain-text table: the header, a rule, a line per row, columns padded
+    to their widest cell (what the tools' `str()` prints)."""
+    widths = [max(len(str(row[i])) for row in [header, *body]) for i in range(len(header))]
+    line = lambda row: "  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip()  # noqa: E731
+    return [line(header), line(["-" * w for w in widths]), *map(line, body)]
 
 
 def _seconds(s: float | None) -> str:
@@ -200,8 +208,6 @@ class DonationComparison:
                 _seconds(r.first_call_seconds), peak) + ((format_bytes(r.device_peak_bytes),) if device else ()) + (
                 format_bytes(r.donated_bytes), format_bytes(r.reused_bytes), unusable, same,
             ))
-        widths = [max(len(str(row[i])) for row in [header, *body]) for i in range(len(header))]
-        line = lambda row: "  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip()  # noqa: E731
         where = f", bytes per device ({self.devices} devices)" if self.per_device else ""
         calls = f"{self.calls} call" + ("s" if self.calls != 1 else "")
         summary = f"{self.function}: {len(self.rows)} rows, {self.rounds} rounds of {calls}, round-robin{where}"
@@ -225,7 +231,7 @@ class DonationComparison:
                 notes.append(f"{r.mode}: donated, not reused: {', '.join(r.unusable)}")
             if r.error is None and (r.peak_source or "").startswith("unavailable"):
                 notes.append(f"{r.mode}: memory figures {r.peak_source}")
-        return "\n".join([summary, line(header), line(["-" * w for w in widths]), *map(line, body), *notes])
+        return "\n".join([summary, *table_lines(header, body), *notes])
 
     def plot(self, path: Any = None) -> Any:
         """Time per call and peak memory per mode, side by side (matplotlib).
