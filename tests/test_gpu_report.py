@@ -52,7 +52,7 @@ def test_the_loop_rows_are_built_in_the_order_asked_and_give_ratios(gr, lines):
     by = {(x["row"], x["order"][0]): x for x in loops}
     assert by["adam-loop-10", "filtx"]["built"] == ["filtx", "floor", "floor+build"]
     assert by["adam-loop-10", "base"]["built"] == ["floor", "floor+build", "filtx"]
-    assert by["inference-100", "base"]["built"] == ["jax.jit", "filtx"]
+    assert by["inference-100", "base"]["built"] == ["jax.jit", "floor", "filtx"]  # the floor: its bound
     for x in loops:
         assert set(x["filtx_over"]) == set(x["built"]) - {"filtx"}
         assert all(r > 0 and math.isfinite(r) for r in x["filtx_over"].values())
@@ -93,6 +93,35 @@ def test_the_summaries_check_every_target(gr, lines):
     assert "| parameters | 33 |" in report and "structure_hash" in report
 
 
+def test_a_target_below_the_rows_bound_is_said_out_of_reach(gr):
+    loops = [{"kind": "loop", "row": "inference-100", "order": list(order), "rounds": 3,
+              "seconds": {"filtx": 3e-4, "jax.jit": 4e-4, "floor": 2.9e-4},
+              "filtx_over": {"jax.jit": 0.75, "floor": 1.02}} for order in (gr.UNITS, gr.UNITS[::-1])]
+    loops += [{"kind": "loop", "row": "gru-rollout", "order": list(order), "rounds": 3,
+               "seconds": {"filtx": 5e-5, "jax.jit": 5.5e-5, "floor": 4e-5},
+               "filtx_over": {"jax.jit": 1.02, "floor": 1.5}} for order in (gr.UNITS, gr.UNITS[::-1])]
+    summaries = {s["row"]: s for s in gr.loop_summaries(loops)}
+    inference, gru = summaries["inference-100"], summaries["gru-rollout"]
+    assert inference["bound"] == "floor" and inference["bound_over"] == pytest.approx(0.75 / 1.02)
+    assert inference["met"] is False and inference["reachable"] is False  # the floor itself reads 0.735x
+    assert gru["bound_over"] == pytest.approx(1.02 / 1.5) and gru["reachable"] is True
+    text = "\n".join(gr.tables(loops))
+    assert f"the floor reads {0.75 / 1.02:.3f}x: out of reach by construction" in text
+    assert f"the floor reads {1.02 / 1.5:.3f}x: within reach" in text
+    assert summaries["adam-loop-10"]["runs"] == 0  # (a row without lines: no bound to read)
+
+
+def test_the_step_parts_worker_takes_a_filtx_step_apart(gr):
+    got = []
+    gr.parts_worker(got.append, 100, smoke=True, rounds=None)
+    ((line,),) = [got]
+    assert line["kind"] == "parts" and line["leaves"] == 10  # smoke: the parts at 10 leaves, no loops
+    assert set(line["seconds"]) == {"flatten", "prepare", "unflatten", "filtx build"}
+    assert all(0 < v < 1 for v in line["seconds"].values())
+    text = "\n".join(gr.parts_table(json.loads(json.dumps(got))))
+    assert "| 10 | — | — | — | — |" in text and text.rstrip().endswith("best of 7)")
+
+
 def test_a_first_call_compared_with_both_others_is_checked(gr):
     calls = [{"kind": "first_call", "variant": v, "first_s": s, "trace_s": 0.1, "lower_s": 0.1, "compile_s": 0.5,
               "run_s": 0.01, "host_s": 0.01, "second_s": 0.02, "cold_s": 1.0, "traces": 1, "compiles": 1}
@@ -113,7 +142,8 @@ def test_the_plan_puts_the_loops_first_and_rotates_the_first_calls(gr):
     for v in gr.FIRST_VARIANTS:  # built first, second and third in some round each
         assert {variants[i:i + 3].index(v) for i in range(0, 15, 3)} == {0, 1, 2}
     assert sum("--hlo" in j.argv for j in firsts) == 3
-    assert [j.argv[0] for j in jobs[-2:]] == ["peak", "peak"]
+    assert [j.argv[0] for j in jobs[-4:]] == ["parts", "parts", "peak", "peak"]
+    assert [j.argv[1] for j in jobs[-4:-2]] == ["10", "100"]
 
 
 def test_a_job_that_cannot_finish_before_the_deadline_is_skipped(gr, tmp_path):

@@ -2,13 +2,13 @@
 # The GPU report of issue 44 (benchmarks/probes/gpu_report.py says what it measures),
 # as the one command to run on a lent device machine:
 #
-#   OUT=/some/dir bash benchmarks/probes/gpu_report.sh          # about 4 minutes, never more than 4.4
+#   OUT=/some/dir bash benchmarks/probes/gpu_report.sh          # about 5 minutes, never more than 5.5
 #   OUT=/tmp/gpu-out JAX_PLATFORMS=cpu bash benchmarks/probes/gpu_report.sh --quick   # every path, on CPU
 #
 # Arguments go to gpu_report.py (--quick, --smoke, --deadline S, --jobs loops,first,peak, ...).
 # Writes to $OUT (default ./device-out): gpu_report.log (versions first), gpu_report.jsonl,
 # first_call_hlo.txt, first_call_hlo.tar.gz. The report keeps to its own deadline
-# (255 s by default); `timeout` below is only a backstop, after which the tables are
+# (320 s by default); `timeout` below is only a backstop, after which the tables are
 # still made from the lines written so far.
 set -u
 OUT=${OUT:-./device-out}
@@ -34,7 +34,7 @@ EOF
     echo "(device kind, platform version: the env line below)"
 } > "$LOG" 2>&1
 cat "$LOG"
-timeout -k 5 "${GPU_REPORT_BACKSTOP:-263}" python3 benchmarks/probes/gpu_report.py --out "$OUT" "$@"
+timeout -k 5 "${GPU_REPORT_BACKSTOP:-328}" python3 benchmarks/probes/gpu_report.py --out "$OUT" "$@"
 code=$?
 if { [ "$code" = 124 ] || [ "$code" = 137 ]; } && ! grep -q '"kind": "done"' "$OUT/gpu_report.jsonl" 2> /dev/null; then
     echo "gpu_report.py stopped by the backstop (exit $code): the tables from what was written" | tee -a "$LOG"
