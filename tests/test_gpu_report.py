@@ -118,8 +118,12 @@ def test_the_step_parts_worker_takes_a_filtx_step_apart(gr):
     assert line["kind"] == "parts" and line["leaves"] == 10  # smoke: the parts at 10 leaves, no loops
     assert set(line["seconds"]) == {"flatten", "prepare", "unflatten", "filtx build"}
     assert all(0 < v < 1 for v in line["seconds"].values())
+    # each loop's host time per step until its last dispatch, within its total
+    assert set(line["host"]) == {"floor", "floor + build", "jax.jit", "filtx"}
+    assert all(0 < host <= total for host, total in line["host"].values())
     text = "\n".join(gr.parts_table(json.loads(json.dumps(got))))
-    assert "| 10 | — | — | — | — |" in text and text.rstrip().endswith("best of 7)")
+    assert "| 10 | — | — | — | — |" in text and "best of 7)" in text
+    assert "| Adam loop, array leaves | floor: host / total |" in text
 
 
 def test_a_first_call_compared_with_both_others_is_checked(gr):

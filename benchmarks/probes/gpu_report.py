@@ -71,7 +71,9 @@ which), the workers' output and this script's progress to `OUT/gpu_report.log`.
    the floor, floor + build, `jax.jit` and filtx loops (rounds interleaved)
    and the host parts of a filtx step each timed alone (flatten, prepare,
    unflatten, filtx's build), to say where filtx's time over the floor +
-   build goes on a GPU.
+   build goes on a GPU; and each loop's host time per step (until its last
+   step is dispatched) beside its total, which tells a loop that runs ahead
+   of the device from one whose host is the bottleneck or waits every step.
 
 4. The device peak (`kind: peak`, issue 44 item 4; only where the device
    reports allocator statistics, and only if time is left): on the 4 MB
@@ -359,6 +361,16 @@ def parts_table(lines: list[dict]) -> list[str]:
         ratio = sec["filtx"] / sec["floor + build"] if {"filtx", "floor + build"} <= set(sec) else None
         out.append(f"| {x['leaves']} | " + " | ".join(cells) + f" | {'—' if ratio is None else f'{ratio:.3f}'} |")
     out.append("(µs per step; the loops over the same rounds, interleaved; the parts timed alone, best of 7)")
+    hosts = [x for x in parts if x.get("host")]
+    if hosts:
+        names = list(hosts[0]["host"])
+        out += ["", "| Adam loop, array leaves | " + " | ".join(f"{n}: host / total" for n in names) + " |",
+                "|---:|" + "---:|" * len(names)]
+        for x in hosts:
+            out.append(f"| {x['leaves']} | " + " | ".join(
+                f"{h * 1e6:.1f} / {t * 1e6:.1f}" for h, t in (x["host"][n] for n in names)) + " |")
+        out.append("(µs per step: *host* until the last step is dispatched, *total* until its results are ready; "
+                   "host near total: the host is busy all along, or waits on the device every step)")
     return out
 
 
@@ -1156,7 +1168,39 @@ def parts_worker(emit, leaves: int, smoke: bool, rounds: int | None) -> None:
     n = 10 if smoke else leaves
     seconds = {} if smoke else parts.loop_times(n, rounds or PARTS_ROUNDS)
     seconds |= parts.part_times(n)
-    emit({"kind": "parts", "leaves": n, "rounds": 0 if smoke else rounds or PARTS_ROUNDS, "seconds": seconds})
+    emit({"kind": "parts", "leaves": n, "rounds": 0 if smoke else rounds or PARTS_ROUNDS, "seconds": seconds,
+          "host": dispatch_times(parts, n, 2 if smoke else rounds or PARTS_ROUNDS, 5 if smoke else None)})
+
+
+def dispatch_times(parts, leaves: int, rounds: int, steps: int | None) -> dict:
+    """Per loop variant of `step_parts.py`, the median over `rounds` (variants
+    interleaved) of `[host, total]` seconds per step: `host` until the loop's
+    last step is dispatched, `total` until its results are ready. A loop whose
+    host time is its total either keeps the host busy all along or waits on
+    the device every step; one whose host time is well under its total runs
+    ahead of the device, where host work hides."""
+    import jax
+
+    bd, models = parts.bd, parts.models
+    batches, setups = bd.warm_adam_loops(leaves, parts.LOOPS)
+    steps = steps or bd.TRAIN_STEPS
+    names = list(setups)
+    got: dict = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            step, state = setups[name]
+            state = models.fresh_copy(state)
+            jax.block_until_ready(state)
+            loss = None
+            start = time.perf_counter()
+            for i in range(steps):
+                x, y = batches[i % len(batches)]
+                *state, loss = step(*state, x, y)
+            host = time.perf_counter()
+            jax.block_until_ready((state, loss))
+            end = time.perf_counter()
+            got[name].append(((host - start) / steps, (end - start) / steps))
+    return {name: [statistics.median(h for h, _ in xs), statistics.median(t for _, t in xs)] for name, xs in got.items()}
 
 
 def peak_worker(emit, first: str, smoke: bool) -> None:
