@@ -199,6 +199,48 @@ def test_call_does_not_block():
     assert dispatched < total / 5, (dispatched, total)
 
 
+NOT_BLOCKING_LOOP = """
+import time, jax, jax.numpy as jnp, equinox as eqx, filtx
+
+class Model(eqx.Module):
+    w: jax.Array
+    b: jax.Array
+
+@filtx.filter_jit(donate="arrays")
+def step(model, state, n):
+    y = jax.lax.fori_loop(0, n, lambda i, y: jnp.tanh(y @ model.w), model.w)
+    loss = jnp.mean(y)
+    return Model(model.w - 1e-3 * y, model.b + loss), {"m": 0.9 * state["m"] + y}, loss
+
+w = jax.random.normal(jax.random.PRNGKey(0), (512, 512)) / 30
+model, state = Model(w, jnp.zeros(())), {"m": jnp.zeros((512, 512))}
+for _ in range(4):  # compiled, then the outputs fed back: the call layout and the records of returned objects
+    model, state, loss = step(model, state, jnp.asarray(1))
+loss.block_until_ready()
+n, total = 8, 0.0
+while total < 0.4:
+    n *= 2
+    t0 = time.perf_counter()
+    for _ in range(4):
+        model, state, loss = step(model, state, jnp.asarray(n))
+    dispatched = time.perf_counter() - t0
+    jax.block_until_ready((model, state, loss))
+    total = time.perf_counter() - t0
+print(dispatched, total)
+"""
+
+
+@pytest.mark.one_way
+def test_a_donating_loop_fed_back_does_not_block():
+    # The training loop's path (outputs fed back, taken from the call layout, their
+    # buffers donated): four steps are dispatched before the first one ends, where
+    # `eqx.filter_jit(donate="all")` waits out each. A process of its own, as above.
+    done = subprocess.run([sys.executable, "-c", NOT_BLOCKING_LOOP], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    dispatched, total = map(float, done.stdout.split()[-2:])
+    assert dispatched < total / 5, (dispatched, total)
+
+
 def test_use_after_donation_names_the_path():
     step = filtx.filter_jit(lambda m: {"layers": [{"w": l["w"] * 2} for l in m["layers"]]}, donate="arrays")
     model = {"layers": [{"w": jnp.ones(2)}, {"w": jnp.ones(2)}]}
