@@ -200,33 +200,33 @@ def test_call_does_not_block():
 
 
 NOT_BLOCKING_LOOP = """
-import time, jax, jax.numpy as jnp, equinox as eqx, filtx
+import sys, time, jax, jax.numpy as jnp, equinox as eqx, filtx
 
 class Model(eqx.Module):
     w: jax.Array
     b: jax.Array
 
-@filtx.filter_jit(donate="arrays")
-def step(model, state, n):
+def body(model, state, n):
     y = jax.lax.fori_loop(0, n, lambda i, y: jnp.tanh(y @ model.w), model.w)
     loss = jnp.mean(y)
     return Model(model.w - 1e-3 * y, model.b + loss), {"m": 0.9 * state["m"] + y}, loss
 
-w = jax.random.normal(jax.random.PRNGKey(0), (512, 512)) / 30
-model, state = Model(w, jnp.zeros(())), {"m": jnp.zeros((512, 512))}
-for _ in range(4):  # compiled, then the outputs fed back: the call layout and the records of returned objects
-    model, state, loss = step(model, state, jnp.asarray(1))
-loss.block_until_ready()
-n, total = 8, 0.0
-while total < 0.4:
-    n *= 2
-    t0 = time.perf_counter()
-    for _ in range(4):
-        model, state, loss = step(model, state, jnp.asarray(n))
-    dispatched = time.perf_counter() - t0
-    jax.block_until_ready((model, state, loss))
-    total = time.perf_counter() - t0
-print(dispatched, total)
+for name, step in (("filtx", filtx.filter_jit(body, donate="arrays")), ("jax.jit", jax.jit(body, donate_argnums=(0, 1)))):
+    w = jax.random.normal(jax.random.PRNGKey(0), (512, 512)) / 30
+    model, state = Model(w, jnp.zeros(())), {"m": jnp.zeros((512, 512))}
+    for _ in range(4):  # compiled, then the outputs fed back: the call layout and the records of returned objects
+        model, state, loss = step(model, state, jnp.asarray(1))
+    loss.block_until_ready()
+    n, total = 8, 0.0
+    while total < 0.4:
+        n *= 2
+        t0 = time.perf_counter()
+        for _ in range(4):
+            model, state, loss = step(model, state, jnp.asarray(n))
+        dispatched = time.perf_counter() - t0
+        jax.block_until_ready((model, state, loss))
+        total = time.perf_counter() - t0
+    print(name, dispatched, total)
 """
 
 
@@ -234,11 +234,17 @@ print(dispatched, total)
 def test_a_donating_loop_fed_back_does_not_block():
     # The training loop's path (outputs fed back, taken from the call layout, their
     # buffers donated): four steps are dispatched before the first one ends, where
-    # `eqx.filter_jit(donate="all")` waits out each. A process of its own, as above.
+    # `eqx.filter_jit(donate="all")` waits out each. Where JAX's own donating call
+    # waits (the CPU runtime of JAX 0.7 and 0.8: 669 of 669 ms), filtx's call, which is that
+    # call, can do no better. A process of its own, as above.
     done = subprocess.run([sys.executable, "-c", NOT_BLOCKING_LOOP], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    dispatched, total = map(float, done.stdout.split()[-2:])
-    assert dispatched < total / 5, (dispatched, total)
+    read = {name: (float(d), float(t)) for name, d, t in (line.split() for line in done.stdout.splitlines()[-2:])}
+    (filtx_dispatched, filtx_total), (jax_dispatched, jax_total) = read["filtx"], read["jax.jit"]
+    if jax_dispatched < jax_total / 2:  # the runtime queues a donating call
+        assert filtx_dispatched < filtx_total / 5, read
+    else:  # JAX's donating call waits for the computation: so does every wrapper's
+        assert jax.__version_info__ < (0, 9) and jax.devices()[0].platform == "cpu", read
 
 
 def test_use_after_donation_names_the_path():
