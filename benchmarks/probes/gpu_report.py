@@ -1157,50 +1157,20 @@ def parts_worker(emit, leaves: int, smoke: bool, rounds: int | None) -> None:
     """`step_parts.py`'s profile of the donating Adam loop at `leaves`, on this
     device (issue 44: where filtx's time over the floor + build goes there):
     each loop's seconds per step (the floor, the floor + build, `jax.jit`,
-    filtx; rounds interleaved) and the host parts of a filtx step, each timed
-    alone. `smoke` (the CPU check of this script) takes the parts only, at 10
-    leaves: the loops are the suite's full size."""
+    filtx; rounds interleaved), with its host time until its last step is
+    dispatched beside its total (`host`: `[host, total]`), and the host parts
+    of a filtx step, each timed alone. `smoke` (the CPU check of this script):
+    at 10 leaves, 2 rounds of 5 steps."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("step_parts", os.path.join(HERE, "step_parts.py"))
     parts = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(parts)
-    n = 10 if smoke else leaves
-    seconds = {} if smoke else parts.loop_times(n, rounds or PARTS_ROUNDS)
-    seconds |= parts.part_times(n)
-    emit({"kind": "parts", "leaves": n, "rounds": 0 if smoke else rounds or PARTS_ROUNDS, "seconds": seconds,
-          "host": dispatch_times(parts, n, 2 if smoke else rounds or PARTS_ROUNDS, 5 if smoke else None)})
-
-
-def dispatch_times(parts, leaves: int, rounds: int, steps: int | None) -> dict:
-    """Per loop variant of `step_parts.py`, the median over `rounds` (variants
-    interleaved) of `[host, total]` seconds per step: `host` until the loop's
-    last step is dispatched, `total` until its results are ready. A loop whose
-    host time is its total either keeps the host busy all along or waits on
-    the device every step; one whose host time is well under its total runs
-    ahead of the device, where host work hides."""
-    import jax
-
-    bd, models = parts.bd, parts.models
-    batches, setups = bd.warm_adam_loops(leaves, parts.LOOPS)
-    steps = steps or bd.TRAIN_STEPS
-    names = list(setups)
-    got: dict = {name: [] for name in names}
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[: r % len(names)]:
-            step, state = setups[name]
-            state = models.fresh_copy(state)
-            jax.block_until_ready(state)
-            loss = None
-            start = time.perf_counter()
-            for i in range(steps):
-                x, y = batches[i % len(batches)]
-                *state, loss = step(*state, x, y)
-            host = time.perf_counter()
-            jax.block_until_ready((state, loss))
-            end = time.perf_counter()
-            got[name].append(((host - start) / steps, (end - start) / steps))
-    return {name: [statistics.median(h for h, _ in xs), statistics.median(t for _, t in xs)] for name, xs in got.items()}
+    n, rounds = (10, 2) if smoke else (leaves, rounds or PARTS_ROUNDS)
+    loops = parts.loop_times(n, rounds, 5 if smoke else None)
+    seconds = {name: total for name, (_, total) in loops.items()} | parts.part_times(n)
+    emit({"kind": "parts", "leaves": n, "rounds": rounds, "seconds": seconds,
+          "host": {name: list(figures) for name, figures in loops.items()}})
 
 
 def peak_worker(emit, first: str, smoke: bool) -> None:

@@ -57,19 +57,31 @@ from filtx._core.outputs import parts  # noqa: E402  (a profile: it reads filtx'
 LOOPS = {"floor": "jax.jit-leaves", "floor + build": "jax.jit-leaves-build", "jax.jit": "jax.jit-params", "filtx": "filtx"}
 
 
-def loop_times(leaves: int, rounds: int) -> dict:
-    """Median seconds per step of each loop variant, rounds interleaved."""
+def loop_times(leaves: int, rounds: int, steps: int | None = None) -> dict:
+    """`{variant: (host, total)}`: the median seconds per step of each loop
+    variant, rounds interleaved, `host` until the loop's last step is
+    dispatched, `total` until its results are ready. A loop whose host time is
+    its total keeps the host busy all along or waits on the device every step;
+    one whose host time is well under its total runs ahead of the device,
+    where host work hides. `steps`: per round (default the suite's)."""
     batches, setups = bd.warm_adam_loops(leaves, LOOPS)
+    steps = steps or bd.TRAIN_STEPS
     times: dict = {name: [] for name in setups}
     names = list(setups)
     for r in range(rounds):
         for name in names[r % len(names):] + names[: r % len(names)]:
             step, state = setups[name]
             state = models.fresh_copy(state)
+            jax.block_until_ready(state)
+            loss = None
             start = time.perf_counter()
-            bd.train_loop(step, state, batches, bd.TRAIN_STEPS)
-            times[name].append((time.perf_counter() - start) / bd.TRAIN_STEPS)
-    return {name: float(np.median(t)) for name, t in times.items()}
+            for i in range(steps):  # bd.train_loop, its dispatch timed apart
+                x, y = batches[i % len(batches)]
+                *state, loss = step(*state, x, y)
+            dispatched = time.perf_counter()
+            jax.block_until_ready((state, loss))
+            times[name].append(((dispatched - start) / steps, (time.perf_counter() - start) / steps))
+    return {name: (float(np.median([h for h, _ in t])), float(np.median([a for _, a in t]))) for name, t in times.items()}
 
 
 def part_times(leaves: int) -> dict:
@@ -111,7 +123,7 @@ def main() -> None:
     ]
     print(" | ".join([*header, "filtx / (floor + unflatten)", "filtx / (floor + build)"]))
     for leaves in options.leaves:
-        figures = loop_times(leaves, options.rounds) | part_times(leaves)
+        figures = {name: total for name, (_, total) in loop_times(leaves, options.rounds).items()} | part_times(leaves)
         figures["floor + unflatten"] = figures["floor"] + figures["unflatten"]
         floor = figures["floor"]
         cells = [f"{figures[k] * 1e6:.1f} ({figures[k] / floor:.2f})" for k in header[1:]]
