@@ -23,6 +23,7 @@ from .._base.jax_compat import refused_aliasing
 from .sharding import OUT_SHARDINGS, SHARDINGS, check_mesh, misplaced_error, place, placed, under_mesh
 from .._core.share import unique_donation
 from .typing import Jitted
+from .in_flight import check_max_in_flight
 from .options import Options
 from .wrapper import Wrapper, fun_donates
 
@@ -47,11 +48,13 @@ class JitOptions(Options):
     out_shardings: Any = None
     mesh: Any = None
     reuse_outputs: bool = True
+    max_in_flight: int | None = None
     mode: Any = dataclasses.field(init=False, repr=False)  # `donate`, parsed
 
     def check(self) -> None:
         self.derive("mode", parse_mode(self.donate))
         check_mesh(self.mesh, self.transform)
+        check_max_in_flight(self.max_in_flight, self.transform)
 
 
 class _JitWrapper(AheadOfTime, Wrapper):
@@ -185,7 +188,7 @@ def _placed_outputs(out: Any, out_shardings: OutAxes, mesh: Any) -> Any:
 def filter_jit(
     fun: None = None, *, donate: DonateMode = "none", specs: Any = None, share: bool = False,
     in_shardings: Any = None, out_shardings: Any = None, mesh: Any = None, reuse_outputs: bool = True,
-    **jitkwargs: Any
+    max_in_flight: int | None = None, **jitkwargs: Any
 ) -> Callable[[Callable[P, R]], Jitted[P, R]]: ...
 
 
@@ -193,13 +196,13 @@ def filter_jit(
 def filter_jit(
     fun: Callable[P, R], *, donate: DonateMode = "none", specs: Any = None, share: bool = False,
     in_shardings: Any = None, out_shardings: Any = None, mesh: Any = None, reuse_outputs: bool = True,
-    **jitkwargs: Any
+    max_in_flight: int | None = None, **jitkwargs: Any
 ) -> Jitted[P, R]: ...
 
 
 def filter_jit(
     fun=None, *, donate="none", specs=None, share=False, in_shardings=None, out_shardings=None, mesh=None,
-    reuse_outputs=True, **jitkwargs,
+    reuse_outputs=True, max_in_flight=None, **jitkwargs,
 ):
     """Compile a function of whole pytrees: arrays traced (or donated), everything
     else static, unless `specs` says otherwise.
@@ -237,6 +240,13 @@ def filter_jit(
         recorded when it built it instead of flattening it again (for outputs
         with at least 16 leaves in such objects). Results are the same; `False`
         (or `filtx.reuse_outputs(False)`) turns it off.
+    - `max_in_flight`: how many earlier calls may still be running when a call
+        is dispatched: `None` (the default: no bound, as `jax.jit`) or an int
+        `k >= 0`; the call first waits for the oldest until at most `k` are
+        unfinished, never for itself. Without donation a loop holds one more
+        state for every call in flight, so this is what makes
+        `filtx.compare_capacity(ahead=k)`'s size hold in a loop that never
+        waits. Unset, it costs nothing; set, one check per call.
     - `**jitkwargs`: passed to `jax.jit`, except `static_argnums`,
         `static_argnames`, `donate_argnums` and `donate_argnames`, which filtx owns.
 
@@ -269,6 +279,6 @@ def filter_jit(
     """
     options = JitOptions(
         donate=donate, specs=specs, share=share, in_shardings=in_shardings, out_shardings=out_shardings,
-        mesh=mesh, reuse_outputs=reuse_outputs, extra=jitkwargs,
+        mesh=mesh, reuse_outputs=reuse_outputs, max_in_flight=max_in_flight, extra=jitkwargs,
     )
     return options.wrap(fun, filter_jit, _JitWrapper)

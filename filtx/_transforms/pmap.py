@@ -40,6 +40,7 @@ from .._core.roles import DonateMode, if_array, is_ref, parse_mode
 from .._core.share import unique_donation
 from .typing import Pmapped
 from .._core.varying import check_unmapped_outputs
+from .in_flight import check_max_in_flight
 from .options import Options
 from .wrapper import Wrapper, call_error, fun_donates
 
@@ -72,10 +73,12 @@ class PmapOptions(Options):
     devices: Any = None
     backend: str | None = None
     reuse_outputs: bool = True
+    max_in_flight: int | None = None
     mode: Any = dataclasses.field(init=False, repr=False)  # `donate`, parsed
 
     def check(self) -> None:
         self.derive("mode", parse_mode(self.donate))
+        check_max_in_flight(self.max_in_flight, self.transform)
 
 
 class _PmapWrapper(AheadOfTime, Wrapper):
@@ -258,6 +261,7 @@ def filter_pmap(
     fun: None = None, *, in_axes: Any = if_array(0), out_axes: Any = if_array(0), axis_name: Any = None,
     axis_size: int | None = None, donate: DonateMode = "none", specs: Any = None, share: bool = False,
     devices: Any = None, backend: str | None = None, reuse_outputs: bool = True,
+    max_in_flight: int | None = None,
 ) -> Callable[[Callable[P, R]], Pmapped[P, Any]]: ...
 
 
@@ -266,12 +270,14 @@ def filter_pmap(
     fun: Callable[P, R], *, in_axes: Any = if_array(0), out_axes: Any = if_array(0), axis_name: Any = None,
     axis_size: int | None = None, donate: DonateMode = "none", specs: Any = None, share: bool = False,
     devices: Any = None, backend: str | None = None, reuse_outputs: bool = True,
+    max_in_flight: int | None = None,
 ) -> Pmapped[P, Any]: ...
 
 
 def filter_pmap(
     fun=None, *, in_axes=if_array(0), out_axes=if_array(0), axis_name=None, axis_size=None,
-    donate="none", specs=None, share=False, devices=None, backend=None, reuse_outputs=True, **unknown,
+    donate="none", specs=None, share=False, devices=None, backend=None, reuse_outputs=True, max_in_flight=None,
+    **unknown,
 ):
     """Run a function of whole pytrees on several devices, data-parallel.
 
@@ -293,6 +299,8 @@ def filter_pmap(
     - `share`: the shared-leaf pass, as in `filtx.filter_jit`.
     - `reuse_outputs`: objects this function returned or was passed before are
         not flattened again, as in `filtx.filter_jit`.
+    - `max_in_flight`: a bound on the calls still running when one is
+        dispatched, as in `filtx.filter_jit`.
 
     **Returns:**
 
@@ -326,7 +334,8 @@ def filter_pmap(
     """
     options = PmapOptions(
         in_axes=in_axes, out_axes=out_axes, axis_name=axis_name, axis_size=axis_size, donate=donate,
-        specs=specs, share=share, devices=devices, backend=backend, reuse_outputs=reuse_outputs, extra=unknown,
+        specs=specs, share=share, devices=devices, backend=backend, reuse_outputs=reuse_outputs,
+        max_in_flight=max_in_flight, extra=unknown,
     )
     return options.wrap(fun, filter_pmap, _PmapWrapper)
 

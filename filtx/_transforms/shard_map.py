@@ -30,6 +30,7 @@ from .._base.indexing import first_positions
 from .._core.roles import MODES, is_ref, static
 from .sharding import OUT_SPECS, SPECS, ambient_concrete_mesh, ambient_mesh, check_mesh, inferred_spec, misplaced_error
 from .typing import Jitted
+from .in_flight import check_max_in_flight
 from .options import Options
 from .wrapper import Wrapper
 
@@ -87,9 +88,11 @@ class ShardMapOptions(Options):
     specs: Any = None
     share: bool = False
     reuse_outputs: bool = True
+    max_in_flight: int | None = None
 
     def check(self) -> None:
         check_mesh(self.mesh, self.transform)
+        check_max_in_flight(self.max_in_flight, self.transform)
 
 
 class _ShardMapWrapper(AheadOfTime, Wrapper):
@@ -201,7 +204,7 @@ def _replicated_where_unset(tree: Any) -> Any:
 def filter_shard_map(
     fun: None = None, *, mesh: Any = None, in_specs: Any = None, out_specs: Any = None,
     axis_names: Any = None, check_vma: bool = True, specs: Any = None, share: bool = False,
-    reuse_outputs: bool = True,
+    reuse_outputs: bool = True, max_in_flight: int | None = None,
 ) -> Callable[[Callable[P, R]], Jitted[P, Any]]: ...
 
 
@@ -209,13 +212,13 @@ def filter_shard_map(
 def filter_shard_map(
     fun: Callable[P, R], *, mesh: Any = None, in_specs: Any = None, out_specs: Any = None,
     axis_names: Any = None, check_vma: bool = True, specs: Any = None, share: bool = False,
-    reuse_outputs: bool = True,
+    reuse_outputs: bool = True, max_in_flight: int | None = None,
 ) -> Jitted[P, Any]: ...
 
 
 def filter_shard_map(
     fun=None, *, mesh=None, in_specs=None, out_specs=None, axis_names=None, check_vma=True, specs=None,
-    share=False, reuse_outputs=True, **unknown,
+    share=False, reuse_outputs=True, max_in_flight=None, **unknown,
 ):
     """`jax.shard_map` over whole pytrees: the function runs once per shard, its
     array arguments split by `in_specs`; non-arrays are held static.
@@ -247,6 +250,8 @@ def filter_shard_map(
     - `share`: pass a leaf standing at several positions (with one spec) once.
     - `reuse_outputs`: objects this function returned or was passed before are
         not flattened again, as in `filtx.filter_jit`.
+    - `max_in_flight`: a bound on the eager calls still running when one is
+        dispatched, as in `filtx.filter_jit` (inside another trace it has no effect).
 
     **Returns:**
 
@@ -275,7 +280,7 @@ def filter_shard_map(
     """
     options = ShardMapOptions(
         mesh=mesh, in_specs=in_specs, out_specs=out_specs, axis_names=axis_names, check_vma=check_vma,
-        specs=specs, share=share, reuse_outputs=reuse_outputs, extra=unknown,
+        specs=specs, share=share, reuse_outputs=reuse_outputs, max_in_flight=max_in_flight, extra=unknown,
     )
     return options.wrap(fun, filter_shard_map, _ShardMapWrapper)
 

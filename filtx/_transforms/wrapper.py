@@ -20,6 +20,7 @@ from .._core.caches import code_owner, is_table_attribute, shared_by_code
 from .._core.errors import aliased_ref_error, deleted_array_error, rename_dynamic
 from .._core.eqx_errors import equinox_runtime_error, without_filtx_frames
 from .._fastpath.reuse import SWITCH as reuse_switch
+from .in_flight import InFlight
 from .options import Options
 from .pickling import reduce_bound, reduce_wrapper
 from .._core.roles import is_ref
@@ -70,6 +71,8 @@ class Wrapper:
         self._given = fun
         self._given_type = type(fun)  # what a pickled wrapper gives its factory back (see _pickling)
         self._options = options
+        limit = getattr(options, "max_in_flight", None)
+        self._in_flight = None if limit is None else self._shared(lambda: InFlight(limit), "in flight")
         for attribute in ("__module__", "__name__", "__qualname__", "__doc__", "__annotations__", "__type_params__"):
             try:
                 value = getattr(fun, attribute)
@@ -80,9 +83,10 @@ class Wrapper:
             if not is_table_attribute(key) and not key.startswith("_filtx"):
                 self.__dict__.setdefault(key, value)
 
-    def _shared(self, make: Callable[[], Any]) -> Any:
+    def _shared(self, make: Callable[[], Any], part: str = "boundary") -> Any:
         """The compile state for this wrapper: shared with every wrapper whose
-        function has the same code, signature, own structure, and options."""
+        function has the same code, signature, own structure, and options.
+        `part` names which piece of it (the boundary, the calls in flight)."""
         fun = self._given
         key = (
             self.transform,
@@ -90,7 +94,7 @@ class Wrapper:
             signature_key(fun),
             fun_donates(fun),
             type(fun) if not isinstance(fun, (types.FunctionType, types.MethodType, functools.partial)) else None,
-        )
+        ) + ((part,) if part != "boundary" else ())
         return shared_by_code(fun, key, make)
 
     @property
@@ -184,6 +188,9 @@ class Wrapper:
         reuse = self._reuse and reuse_switch[0]
         boundary = self._boundary
         entry, dynamic, split = boundary.prepare(self._fun, args, kwargs, self._build, False, reuse)
+        in_flight = self._in_flight  # `max_in_flight`: None unless set
+        if in_flight is not None:
+            in_flight.before()
         try:  # free on success (zero-cost try)
             out = entry.call(*dynamic)
         except Exception as e:
@@ -192,6 +199,8 @@ class Wrapper:
             except RuntimeError as error:
                 without_filtx_frames(error)
                 raise
+        if in_flight is not None:
+            in_flight.after(out if type(out) is list else out[0])
         return boundary.finish(out, reuse, split, entry.out_form)
 
     def _build(self, split: Split) -> Entry:
