@@ -87,6 +87,7 @@ from ._tools.compare.capacity import compare_capacity
 from ._tools.compare.capacity_result import CapacityComparison, CapacityRow
 from ._tools.donation_report import DonationReport, DonationRow, donation_report
 from ._tools.explain import Explanation, SignatureSummary, explain
+from ._transforms.pickling import publish as _publish
 
 # Tracebacks through JAX's API boundaries hide filtx's frames, as they hide JAX's.
 _exclude_from_tracebacks(_os.path.dirname(__file__))
@@ -155,3 +156,8 @@ __all__ = [
     "Explanation",
     "SignatureSummary",
 ]
+
+# Pickles name each public object `filtx.<name>`, never the private module it is
+# defined in (filtx/_transforms/README.md, "What a pickle names, for good").
+_publish(globals(), __all__)
+del _publish

@@ -5,13 +5,16 @@ process; compile state never travels; an unpickled wrapper equal to a live one
 shares its compiled entries. One subprocess runs every shipped case, and one
 spawned worker runs a training step.
 
-What a pickle names of filtx stays put: its public names and
-`filtx._pickling.remake`, nothing private. A function once wrapped, pickled by
-value, loads where filtx cannot be imported; wrappers pickled by filtx 0.2.0
-(`fixtures/`, see its README) load and run."""
+What a pickle names of filtx stays put: its public names (`filtx.<name>`) and
+`filtx._pickling.remake`, nothing private, for every public object (results,
+warnings, roles, wrappers). A function once wrapped, pickled by value, loads
+where filtx cannot be imported. What released filtx pickled loads and works
+(`fixtures/`, see its README): 0.2.0's wrappers, and 0.2.0's and 0.3.0's
+public objects and cloudpickled `__main__` steps, each called once before."""
 
 import concurrent.futures
 import copy
+import dataclasses
 import functools
 import importlib
 import io
@@ -23,6 +26,9 @@ import pickle
 import pickletools
 import subprocess
 import sys
+import traceback
+import typing
+import warnings
 
 import _pickled
 import cloudpickle
@@ -215,18 +221,57 @@ def test_a_function_once_wrapped_cloudpickles_to_a_process_without_filtx():
     np.testing.assert_allclose(copy.copy(wrapper)(X), X * 3 - 1)
 
 
-def test_the_remake_path_does_not_move_and_0_2_0_s_paths_name_public_objects():
+def _released_name(name):
+    """What a released pickle's `name` gives now: the public object, or one of
+    the two private names 0.2.0's pickles hold."""
+    if name == "Bound":
+        return _wrapper.Bound
+    if name == "_Table":
+        return _pickling._empty_table
+    return getattr(filtx, name)
+
+
+def test_the_remake_path_does_not_move_and_released_paths_name_public_objects():
     """`filtx._pickling.remake` is promised (the layout's README) and importable;
-    the private paths filtx 0.2.0's pickles name give filtx's public objects."""
+    every private path a released filtx's pickles name gives filtx's public
+    objects, from a real module where filtx still has one, else from an alias."""
     assert importlib.import_module(REMAKE[0]).remake is _pickling.remake
     assert (_pickling.remake.__module__, _pickling.remake.__qualname__) == REMAKE
     assert "`filtx._pickling.remake`" in (TESTS.parent / "filtx" / "_transforms" / "README.md").read_text()
-    for path, names in _pickling.LEGACY.items():
+    assert set(_pickling.RELEASED) == {"0.2.0", "0.3.0"}
+    for release, paths in _pickling.RELEASED.items():
+        for path, names in paths.items():
+            module = importlib.import_module(path)
+            for name in names:
+                assert getattr(module, name) is _released_name(name), (release, path, name)
+            if isinstance(module.__spec__.loader, _pickling._AliasFinder):
+                refused = rf"module '{path}' has no attribute 'Wrapper'.*use filtx.Wrapper"
+                with pytest.raises(AttributeError, match=refused):
+                    module.Wrapper  # noqa: B018
+    # 0.2.0's paths are aliases; 0.3.0's are filtx's own modules today.
+    assert isinstance(importlib.import_module("filtx._caches").__spec__.loader, _pickling._AliasFinder)
+    assert importlib.import_module("filtx._core.roles").__file__.endswith("roles.py")
+    # A table that 0.2.0 cloudpickled with a function loads as an empty dict.
+    assert pickle.loads(b"cfiltx._caches\n_Table\n)R.") == {}
+
+
+def test_a_module_moved_later_still_loads_what_its_path_named(monkeypatch):
+    """Were a module of 0.3.0 moved, the alias finder makes its path, and the
+    folders above it, from `ALIASES`: a real module is never hidden."""
+    path = "filtx._moved_folder.deeper.result"
+    monkeypatch.setitem(_pickling.ALIASES, path, ("DonationComparison", "traced"))
+    try:
         module = importlib.import_module(path)
-        for name in names:
-            assert getattr(module, name) is (_wrapper.Bound if name == "Bound" else getattr(filtx, name)), (path, name)
-        with pytest.raises(AttributeError):
-            module.Wrapper  # noqa: B018
+        assert module.DonationComparison is filtx.DonationComparison and module.traced is filtx.traced
+        assert pickle.loads(b"cfiltx._moved_folder.deeper.result\ntraced\n.") is filtx.traced
+        assert importlib.import_module("filtx._moved_folder").__path__ == []
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module("filtx._moved_folder.elsewhere")
+    finally:
+        for name in [m for m in sys.modules if m.startswith("filtx._moved_folder")]:
+            del sys.modules[name]
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("filtx._never_a_path")
 
 
 def test_options_holding_filtx_objects_pickle_by_public_name():
@@ -280,3 +325,248 @@ def test_meshes_and_devices_refuse_to_pickle_naming_the_option():
         pickle.dumps(filtx.filter_jit(_pickled.scale, mesh=mesh))
     with pytest.raises(pickle.PicklingError, match=r"`devices=` holds a jax.Device"):
         cloudpickle.dumps(filtx.filter_pmap(lambda x: x, devices=jax.devices()[:2]))
+
+
+# ---------------------------------------------------------------------------
+# Every public object pickles as `filtx.<name>`; what released filtx pickled loads.
+
+_STRINGS = {"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE", "SHORT_BINSTRING", "BINSTRING", "STRING"}
+
+
+def _globals(payload: bytes) -> list:
+    """Every (module, name) a pickle loads as a global, read off its opcodes
+    (`pickletools.genops`): GLOBAL's argument, or the two strings STACK_GLOBAL
+    takes, pushed just before it or fetched from the memo. Nothing is loaded."""
+    memo, pushed, last, found = {}, [], None, []
+    for op, arg, _ in pickletools.genops(payload):
+        if op.name in _STRINGS:
+            last = arg
+            pushed.append(arg)
+        elif op.name in ("GET", "BINGET", "LONG_BINGET"):
+            last = memo.get(int(arg))
+            pushed.append(last)
+        elif op.name == "MEMOIZE":
+            memo[len(memo)] = last
+        elif op.name in ("PUT", "BINPUT", "LONG_BINPUT"):
+            memo[int(arg)] = last
+        else:
+            if op.name == "GLOBAL":
+                found.append(tuple(arg.split(" ", 1)))
+            elif op.name == "STACK_GLOBAL":
+                assert isinstance(pushed[-2], str) and isinstance(pushed[-1], str), pushed[-2:]
+                found.append((pushed[-2], pushed[-1]))
+            last = None
+    return found
+
+
+def _load_recording(payload: bytes) -> tuple:
+    """The object a pickle gives, and every global loading it looked up."""
+    loaded = set()
+
+    class Recording(pickle.Unpickler):
+        def find_class(self, module, name):
+            loaded.add((module, name))
+            return super().find_class(module, name)
+
+    return Recording(io.BytesIO(payload)).load(), loaded
+
+
+def _of_filtx(payload: bytes) -> set:
+    """The globals of `payload` that filtx owns."""
+    return {(m, n) for m, n in _globals(payload) if m.split(".")[0] == "filtx"}
+
+
+def _warned(category, action) -> Warning:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        action()
+    return next(w.message for w in caught if w.category is category)
+
+
+def _mutate(d):
+    d["k"] = 1
+    return d["x"] * 2
+
+
+@functools.cache
+def _public_objects() -> tuple:
+    """(label, object): every public name of filtx, and an object of each public
+    kind a user may pickle (role values, axis specs, sharing patterns, results
+    and their rows, warnings, wrappers, bound methods)."""
+    named = [(f"filtx.{name}", getattr(filtx, name)) for name in filtx.__all__]
+    w = jnp.ones(2)
+    report = filtx.donation_report(
+        filtx.filter_jit(lambda w, x: (w * 2, x.sum()), donate="arrays"), jnp.ones(3), jnp.ones(5),
+    )
+    comparison = filtx.compare_donation(
+        filtx.filter_jit(lambda w: w * 2), jnp.ones(4), modes=("none", "arrays"), rounds=2, calls=2, progress=False,
+    )
+    capacity = filtx.compare_capacity(
+        filtx.filter_jit(lambda w, x: (w - 0.1 * (x.T @ (x @ w)), x.sum())),
+        lambda n: ((jnp.ones((8, 8)), jnp.ones((n, 8))), {}), limit=2**16, modes=("none", "arrays"),
+        resolution=0.1, verify=False, progress=False,
+    )
+    explained = filtx.filter_jit(_pickled.scale)
+    explained(X, 2.0)
+    explanation = filtx.explain(explained)
+    model = _pickled.make_model()
+    instances = [
+        ("if_array(0)", filtx.if_array(0)),
+        ("SharingPattern", filtx.unshare({"a": w, "b": w, "c": jnp.zeros(2)})[1]),
+        ("DonationReport", report),
+        ("DonationRow", report.rows[1]),
+        ("DonationComparison", comparison),
+        ("ModeRow", comparison.rows[1]),
+        ("CapacityComparison", capacity),
+        ("CapacityRow", capacity.rows[0]),
+        ("Explanation", explanation),
+        ("SignatureSummary", explanation.signatures[0]),
+        ("UnusableDonationWarning", _warned(filtx.UnusableDonationWarning, lambda: filtx.filter_jit(
+            lambda x: x.sum(), donate="warn")(jnp.ones(3)))),
+        ("MutatedArgumentWarning", _warned(filtx.MutatedArgumentWarning, lambda: filtx.filter_jit(
+            _mutate)({"x": jnp.ones(2)}))),
+        ("wrapper", filtx.filter_vmap(_pickled.scale, in_axes=(filtx.if_array(0), None), specs={"n": filtx.static})),
+        ("bound method", model.apply),
+    ]
+    assert capacity.rows[0].n is not None and comparison.rows[1].donated_bytes  # results with figures in them
+    return tuple(named + instances)
+
+
+def _same(back, obj) -> bool:
+    if isinstance(obj, Warning):
+        return type(back) is type(obj) and back.args == obj.args
+    if isinstance(obj, _wrapper.Bound):  # the same wrapper, bound to a copy of the instance
+        x = jnp.ones(3)
+        return back.func is obj.func and np.allclose(back(x), obj(x))
+    return back is obj or back == obj
+
+
+@pytest.mark.parametrize("pickler", ["pickle, protocol 2", "pickle", "cloudpickle"])
+def test_every_public_object_pickles_naming_filtx_and_nothing_private(pickler):
+    """Read off the pickle's opcodes: every global filtx owns is `filtx.<name>`
+    (or the one promised `filtx._pickling.remake`), so moving a module inside
+    filtx breaks no pickle. The globals read are the ones loading looks up."""
+    dumps = {
+        "pickle, protocol 2": functools.partial(pickle.dumps, protocol=2),
+        "pickle": pickle.dumps,
+        "cloudpickle": cloudpickle.dumps,
+    }[pickler]
+    public = set(filtx.__all__)
+    for label, obj in _public_objects():
+        payload = dumps(obj)
+        named = _of_filtx(payload)
+        private = {(m, n) for m, n in named if not (m == "filtx" and n in public) and (m, n) != REMAKE}
+        assert not private, f"{label} pickles naming {sorted(private)}"
+        if label.startswith("filtx."):
+            assert named == {("filtx", label[len("filtx."):])}, label  # by its public name
+        back, loaded = _load_recording(payload)
+        assert loaded == set(_globals(payload)), label  # the opcodes were read right
+        assert _same(back, obj), label
+
+
+def test_public_objects_read_as_their_public_names():
+    """What users see: reprs, a warning turned into an error, the class in a
+    traceback; type checkers' overloads are still found, and the private
+    modules keep what they define."""
+    assert (repr(filtx.traced), repr(filtx.if_array(1))) == ("filtx.traced", "filtx.if_array(1)")
+    assert repr(filtx.DonationComparison) == "<class 'filtx.DonationComparison'>"
+    assert filtx.filter_jit.__module__ == "filtx" and filtx.UnusableDonationWarning.__module__ == "filtx"
+    shown = traceback.format_exception_only(filtx.MutatedArgumentWarning("args[0] was changed"))
+    assert shown == ["filtx.MutatedArgumentWarning: args[0] was changed\n"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", filtx.UnusableDonationWarning)
+        with pytest.raises(filtx.UnusableDonationWarning, match=r"args\[0\] \(float32\[3\]\)"):
+            filtx.filter_jit(lambda x: x.sum(), donate="warn")(jnp.ones(3))
+    for transform in (filtx.filter_jit, filtx.filter_vmap, filtx.filter_pmap, filtx.filter_shard_map):
+        overloads = typing.get_overloads(transform)
+        assert len(overloads) == 2 and all(o.__module__ == "filtx" for o in overloads), transform
+    from filtx._tools.compare import result
+
+    assert result.DonationComparison is filtx.DonationComparison and dataclasses.is_dataclass(result.ModeRow)
+
+
+_RELEASES = ("0.2.0", "0.3.0")
+
+
+def _fixture(release: str, kind: str) -> pathlib.Path:
+    return FIXTURES / f"v{release.replace('.', '')}_objects.{kind}"
+
+
+@functools.cache
+def _released(release: str) -> tuple:
+    """A release's pickles (`{name: payload}`) and what each must give back."""
+    payloads = pickle.loads(_fixture(release, "pkl").read_bytes())  # a dict of bytes: nothing of filtx
+    checks = json.loads(_fixture(release, "json").read_text())
+    assert list(payloads) == list(checks), release
+    return payloads, checks
+
+
+def _holds(expected, got) -> bool:
+    """Whether `got` has every field `expected` has, with its value (a later
+    filtx may add fields, with defaults)."""
+    if isinstance(expected, dict):
+        return isinstance(got, dict) and all(k in got and _holds(v, got[k]) for k, v in expected.items())
+    if isinstance(expected, list):
+        return isinstance(got, list) and len(got) == len(expected) and all(map(_holds, expected, got))
+    return expected == got
+
+
+def test_released_pickles_name_what_the_alias_tables_keep():
+    """The fixtures are what their release wrote: 0.2.0's `__main__` steps carry
+    the `filtx._caches._Table` a call left on them (the path that failed to
+    load under 0.3.0), and every private path each release's pickles name is
+    in `RELEASED` for that release."""
+    for release in _RELEASES:
+        payloads, checks = _released(release)
+        for name, payload in payloads.items():
+            for module, attr in _of_filtx(payload):
+                kept = _pickling.RELEASED[release].get(module, ())
+                assert (module, attr) == REMAKE or attr in kept, (release, name, module, attr)
+    payloads, checks = _released("0.2.0")
+    mains = [n for n in payloads if n.startswith("main_")]
+    assert len(mains) == 9 and all(("filtx._caches", "_Table") in _of_filtx(payloads[n]) for n in mains)
+    public_names = pickle.loads(payloads["public_names"])  # 0.2.0's whole public API, by 0.2.0's paths
+    assert all(obj is getattr(filtx, name) for name, obj in public_names.items())
+    assert set(_released("0.3.0")[1]) - set(checks) == {
+        "capacity_comparison", "capacity_row", "explanation", "signature_summary",
+    }
+
+
+@pytest.mark.parametrize(
+    ("release", "name"), [(r, n) for r in _RELEASES for n in json.loads(_fixture(r, "json").read_text())],
+)
+def test_an_object_pickled_by_a_released_filtx_loads_and_works(release, name):
+    """Each object a release's user pickled (`fixtures/make_release_pickles.py`):
+    a cloudpickled `__main__` step (called once before, so holding what the call
+    left on it) runs and gives its result, twice; a public object comes back as
+    the public object, with every field it had."""
+    payloads, checks = _released(release)
+    check = checks[name]
+    back = pickle.loads(payloads[name])
+    if check["check"] in ("call", "wrap"):
+        wrapper = filtx.filter_jit(back) if check["check"] == "wrap" else back
+        args = [jnp.asarray(a) for a in check["args"]]
+        for _ in range(2):  # the first call compiles anew, the second reuses it
+            np.testing.assert_allclose(np.asarray(wrapper(*args)), check["out"], rtol=1e-6)
+        assert _of_filtx(cloudpickle.dumps(back)) <= {REMAKE}  # pickled again: nothing private
+    elif check["check"] == "public_names":
+        assert sorted(back) == check["names"] and all(back[n] is getattr(filtx, n) for n in back)
+    elif check["check"] == "repr":
+        assert repr(back) == check["repr"] and back == filtx.if_array(0)
+    elif check["check"] == "sharing_pattern":
+        w = jnp.ones(2)
+        unique, pattern = filtx.unshare({"a": w, "b": w, "c": jnp.zeros(2)})
+        assert back == pattern and list(back.sources) == check["sources"]
+        tied = filtx.reshare(unique, back)
+        assert tied["a"] is tied["b"]
+    elif check["check"] == "fields":
+        assert type(back) is getattr(filtx, check["type"])
+        fields = json.loads(json.dumps(dataclasses.asdict(back)))
+        assert _holds(check["fields"], fields), (fields, check["fields"])
+        shown = str(back)  # today's table, of what an earlier filtx measured
+        assert getattr(back, "function", "") in shown
+        if hasattr(back, "as_dicts"):
+            assert len(back.as_dicts()) == len(check["fields"]["rows"])
+    else:
+        assert check["check"] == "warning"
+        assert type(back) is getattr(filtx, check["type"]) and str(back) == check["str"]

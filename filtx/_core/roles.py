@@ -115,6 +115,9 @@ class if_array:
     def __repr__(self):
         return f"filtx.if_array({self.axis})"
 
+    def __reduce__(self):
+        return (if_array, (self.axis,))  # `filtx.if_array(axis)`: the class carries the module `filtx`
+
 
 def type_only(fn: Callable) -> Callable[[type], Any] | None:
     """The type-level version of `fn` when its answer depends on the leaf's type
