@@ -163,3 +163,16 @@ def arg_aval(info: Any) -> Any:
 def is_ref_aval(aval: Any) -> bool:
     """Whether an abstract value is a `jax.Ref`'s."""
     return hasattr(aval, "inner_aval") or isinstance(aval, AbstractRef)
+
+
+def memory_refused(error: Exception) -> bool:
+    """Whether a compile (or a run) failed for the device's memory: XLA's
+    `RESOURCE_EXHAUSTED` and out-of-memory messages, and the GPU's autotuner,
+    which fails at oversized shapes before any limit is read ("Autotuning
+    failed", "autotuner could not find a working algorithm")."""
+    text = str(error)
+    lowered = text.lower()
+    return (
+        "RESOURCE_EXHAUSTED" in text or "out of memory" in lowered or "oom" in lowered.split()
+        or "autotun" in lowered or "allocat" in lowered and "fail" in lowered
+    )

@@ -17,16 +17,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..._base.jax_compat import memory_refused
 from ..._core.errors import keystr
 from ..._transforms.lowering import stand_ins
-from ..._transforms.wrapper import as_pytree
+from ..._transforms.wrapper import as_pytree, inspect_call
 from .capacity_result import CapacityComparison, CapacityRow
 from .donation import quiet_donation_warnings
 from .loop import Feeding, array_like
-from .memory import OwnPeak, analysis_parts, block, device_memory, fresh, is_deleted, memory_figures, shard_bytes
+from .memory import (
+    OwnPeak, analysis_parts, block, device_memory, executable, fresh, input_shardings, is_deleted, memory_figures,
+    shard_bytes,
+)
 from .modes import _Filtx, mode_groups
+from .progress import Progress
 from .result import format_bytes
-from .search import largest_fitting
+from .search import Stop, largest_fitting
 
 __all__ = ["compare_capacity", "loop_bytes", "MARGIN"]
 
@@ -36,7 +41,8 @@ MARGIN = 0.05  # of the device's own bytes_limit, kept free when no limit= is gi
 def compare_capacity(
     step: Any, make_args: Callable[[int], tuple], /, *, limit: int | None = None, modes: Any = None,
     start: int = 1, multiple_of: int = 1, resolution: float = 0.01, largest: int = 2**31 - 1,
-    ahead: int = 1, feed: Callable | None = None, verify: bool | None = None, verify_steps: int = 10,
+    ahead: int = 1, prefetch: int = 1, sizes: Any = (), feed: Callable | None = None, verify: bool | None = None,
+    verify_steps: int = 10, max_compiles: int | None = None, max_seconds: float | None = None,
     progress: bool | None = None,
 ) -> CapacityComparison:
     """How big a batch (or model, or sequence) each donation mode fits: the
@@ -52,12 +58,19 @@ def compare_capacity(
 
     - XLA's figure for one step: its simulated heap peak on a GPU or TPU; on
         CPU, whose peak leaves the temporaries out, arguments + outputs -
-        aliased + temporaries. A donating loop holds that, however far it
-        runs ahead;
-    - plus, for each step the loop dispatches before it waits for an earlier
-        one (`ahead`), one more copy of the state your outputs feed back that
-        no donated buffer takes: asynchronous dispatch allocates a queued
-        step's outputs before the steps ahead of it free their inputs.
+        aliased + temporaries;
+    - plus, for each call the loop keeps in flight beside the one running
+        (`ahead`, which `max_in_flight=ahead` on your wrapper guarantees),
+        one more copy of the state your outputs feed back that no donated
+        buffer takes (a queued call's outputs are allocated when it is
+        dispatched) and one more batch (every argument no output feeds: it is
+        put on the device before its step runs);
+    - plus the batches your loop puts on the device ahead (`prefetch`).
+
+    Each row names the setting its figure needs (`max_in_flight=ahead`) and
+    what each further call in flight would add: a loop that never waits, with
+    no bound, holds one more state and batch per call it runs ahead, which no
+    size is safe from without donation.
 
     **Arguments:**
 
@@ -75,31 +88,46 @@ def compare_capacity(
     - `modes`: the donation modes, as in `compare_donation` (by default the
         wrapper's own, `"none"` and `"arrays"`; modes that donate the same
         leaves share a row).
-    - `ahead`: how many steps your loop dispatches before it waits for an
-        earlier one: 1 (the default) for a loop that reads the previous step's
-        loss, 0 for one that blocks on every step. A loop that never waits can
-        hold more than one state more without donation (the donation guide has
-        the figures).
+    - `ahead`: how many earlier calls may still run when a call is dispatched:
+        wrap your step with `max_in_flight=ahead` (1, the default: the device
+        always has the next step queued; 0: each call waits for the one
+        before). The figure holds for that loop, not for one that runs further
+        ahead.
+    - `prefetch`: the batches your loop puts on the device before the step
+        that takes them (1, the default: the next batch is put while a step
+        runs; 0: each batch is put just before its step).
+    - `sizes`: sizes your loop also runs (an eval batch, the last partial
+        batch): each is compiled and reported in `checked`; one at most `n`
+        that does not fit flags the row (`unsafe`).
     - `start`: the smallest size tried; `multiple_of`: sizes are multiples of
-        this (8, or the device count); `largest`: the largest size tried.
+        this (8, or the device count); `largest`: the largest size tried
+        (rounded down to a multiple).
+    - `max_compiles`, `max_seconds`: a budget per mode; a search that spends it
+        keeps the largest size found to fit so far and says so (`stopped`).
     - `resolution`: the size found fits, and `n * (1 + resolution)` (or the next
         multiple) does not: 1 % by default.
     - `feed`: `feed(args, out) -> next args`, as in `compare_donation`; by
         default outputs that look like arguments feed them.
-    - `verify`: run a short real loop (`verify_steps` steps, outputs fed back,
-        a new batch each step, `ahead` steps in flight) at each mode's size and
-        read the device allocator's peak beside the prediction. By default where the device
-        reports allocator statistics; on CPU the rows say "predicted only".
-    - `progress`: a line per size tried on stderr (default: when stderr is a terminal).
+    - `verify`: run a short real loop at each mode's size (`verify_steps`
+        steps under `max_in_flight=ahead`, outputs fed back, each batch put
+        from host memory, `prefetch` ahead) and read the device allocator's
+        peak beside the prediction, only where the prediction fits in what the
+        device has free; a loop that fails leaves its reason in the row. By
+        default where the device reports allocator statistics; on CPU the rows
+        say "predicted only".
+    - `progress`: a line per size tried on stderr (default: in a terminal or a notebook).
 
     **Returns:**
 
     A `filtx.CapacityComparison`: `rows` (one `filtx.CapacityRow` per mode: the
     size found `n`, the loop's predicted `peak_bytes` there and its parts, the
-    first size that does not fit and its peak, `ratio` to the `"none"` row, the
-    device's own peak where verified), `limit`, `str()` a table, `as_dicts()`,
-    `best()` and `plot()`. A mode that fails (refused in `"strict"` mode, a
-    compile that fails at some `n`, nothing fitting at `start`) keeps its row,
+    setting it needs, the first size that does not fit and its peak, `ratio`
+    to the `"none"` row, the device's own peak where verified, sizes below
+    `n` that do not fit), `limit`, `str()` a table, `as_dicts()`, `best()` and
+    `plot()`. A compile that fails for the device's memory counts as "does
+    not fit"; any other failure ends that mode's search, which keeps the
+    largest size found to fit (`stopped` says why). A mode with no size
+    (refused in `"strict"` mode, nothing fitting at `start`) keeps its row,
     with the error.
 
     !!! example
@@ -131,81 +159,103 @@ def compare_capacity(
         raise ValueError(f"compare_capacity: start and multiple_of are positive ints, got start={start!r}, multiple_of={multiple_of!r}.")
     if not 0 < resolution < 1:
         raise ValueError(f"compare_capacity: resolution is a fraction between 0 and 1 (0.01 is 1 %), got {resolution!r}.")
-    if not (isinstance(ahead, int) and ahead >= 0):
-        raise ValueError(f"compare_capacity: ahead is the steps a loop dispatches before it waits, 0 or more, got {ahead!r}.")
+    for name, value in (("ahead", ahead), ("prefetch", prefetch)):
+        if isinstance(value, bool) or not (isinstance(value, int) and value >= 0):
+            raise ValueError(
+                f"compare_capacity: {name} is a number of steps, 0 or more, got {value!r} (ahead: the calls a loop "
+                f"keeps in flight, as max_in_flight= bounds them; prefetch: the batches it puts on the device ahead)."
+            )
+    if max_compiles is not None and (isinstance(max_compiles, bool) or not isinstance(max_compiles, int) or max_compiles < 1):
+        raise ValueError(f"compare_capacity: max_compiles is a positive int or None, got {max_compiles!r}.")
+    if max_seconds is not None and not (isinstance(max_seconds, (int, float)) and max_seconds > 0):
+        raise ValueError(f"compare_capacity: max_seconds is a positive number of seconds or None, got {max_seconds!r}.")
     if verify_steps < 2:
         raise ValueError(f"compare_capacity: verify_steps is at least 2 (a loop feeds one step into the next), got {verify_steps}.")
+    extra_sizes = _sizes_to_check(sizes)
     limit, limit_source = _limit(limit)
-    sizes = _Sizes(make_args)
+    shapes = _Sizes(make_args)
     first_n = max(multiple_of, -(-start // multiple_of) * multiple_of)
-    args, kwargs = sizes(first_n)
+    args, kwargs = shapes(first_n)
     standing, _ = stand_ins((args, kwargs))
     groups = mode_groups(step, standing[0], standing[1], modes)
     prefix = len(groups.args) - len(args)  # a bound method's instance goes first
     fun0 = as_pytree(groups.given)
     name = getattr(step, "__qualname__", None) or getattr(groups.given, "__qualname__", None) or type(step).__name__
-    show = sys.stderr.isatty() if progress is None else progress
+    show = Progress(progress)
     feeding = _Fed(feed)
     do_verify = device_memory() is not None if verify is None else verify
+    budget = _Budget(max_compiles, max_seconds)
     rows: list[CapacityRow] = []
     hint = None
     with quiet_donation_warnings():
         for names in groups.names:
             label = " / ".join(names)
             wrapper = groups.make(names[0])
-            prober = _Prober(wrapper, sizes, groups.args[:prefix], feeding, groups.from_jit, ahead)
+            prober = _Prober(wrapper, shapes, groups.args[:prefix], feeding, groups.from_jit, ahead, prefetch, budget)
             t0 = time.perf_counter()
-            try:
-                found = largest_fitting(
-                    lambda n: prober.loop_bytes(n, label, show, limit), limit, start=start,
-                    multiple_of=multiple_of, resolution=resolution, largest=largest, hint=hint,
-                )
-            except _ModeFailed as e:
-                fitting = [n for n, f in prober.figures.items() if f["loop"] <= limit]
-                error = str(e) + (f" (the largest size that compiled and fits: n={max(fitting)})" if fitting else "")
-                rows.append(CapacityRow(label, names, error=error, probes=len(prober.figures),
-                                        seconds=time.perf_counter() - t0, tried=prober.tried()))
-                continue
+            budget.start()
+            found = largest_fitting(
+                lambda n: prober.loop_bytes(n, label, show, limit), limit, start=start,
+                multiple_of=multiple_of, resolution=resolution, largest=largest, hint=hint,
+            )
+            checked = tuple(prober.check(n, label, show, limit) for n in extra_sizes)
             seconds = time.perf_counter() - t0
+            failed = tuple(prober.failed.items())
             if found.n is None:
-                parts = prober.figures[found.over]
-                error = (
-                    f"nothing fits: at n={found.over} a loop of this mode holds {format_bytes(parts['loop'])}, "
-                    f"over the limit of {format_bytes(limit)}; pass a larger limit or a smaller start"
-                )
-                rows.append(CapacityRow(label, names, error=error, over=found.over, over_peak_bytes=parts["loop"],
-                                        probes=len(found.seen), seconds=seconds, tried=prober.tried()))
+                if found.over is not None and found.over in prober.figures:
+                    parts = prober.figures[found.over]
+                    error = (
+                        f"nothing fits: at n={found.over} a loop of this mode holds {format_bytes(parts['loop'])}, "
+                        f"over the limit of {format_bytes(limit)}; pass a larger limit or a smaller start"
+                    )
+                    over_peak = parts["loop"]
+                else:
+                    error, over_peak = found.stopped or prober.failed.get(found.over, "nothing fits"), None
+                rows.append(CapacityRow(label, names, error=error, over=found.over, over_peak_bytes=over_peak,
+                                        probes=len(prober.figures) + len(prober.failed), seconds=seconds,
+                                        tried=prober.tried(), failed=failed, checked=checked))
                 continue
             hint = found.n
             at = prober.figures[found.n]
+            unsafe = tuple(sorted(set(found.unsafe) | {c[0] for c in checked if c[0] <= found.n and not c[2]}))
+            over_peak = None if found.over is None else prober.figures.get(found.over, {}).get("loop")
             row = CapacityRow(
                 label, names, n=found.n, peak_bytes=at["loop"], step_bytes=at["step"], step_source=at["source"],
                 in_flight_bytes=at["in_flight"], state_bytes=at["state"], argument_bytes=at["arguments"],
-                over=found.over, over_peak_bytes=None if found.over is None else prober.figures[found.over]["loop"],
-                probes=len(found.seen), seconds=seconds, tried=prober.tried(), devices=at["devices"],
+                batch_bytes=at["batch"], run_ahead_bytes=at["state"] + at["batch"],
+                setting=f"max_in_flight={ahead}", over=found.over, over_peak_bytes=over_peak,
+                probes=len(prober.figures) + len(prober.failed), seconds=seconds, tried=prober.tried(),
+                devices=at["devices"], unsafe=unsafe, checked=checked, failed=failed, stopped=found.stopped,
+                every_size_fits=found.over is None and found.stopped is None,
             )
             if do_verify:
-                row = _verified(row, groups, names[0], fun0, sizes, prefix, feeding, verify_steps, ahead)
+                row = _verified(row, groups, names[0], fun0, shapes, prefix, feeding, verify_steps, ahead, prefetch)
             else:
                 row = _replace(row, verified="predicted only: " + (
                     "verify=False" if verify is False else "the device reports no allocator statistics"))
             rows.append(row)
     none = next((r for r in rows if "none" in r.modes and r.n), None)
     rows = [_replace(r, ratio=None if none is None or r.n is None else r.n / none.n) for r in rows]
-    return CapacityComparison(name, tuple(rows), limit, limit_source, resolution, multiple_of, feeding.describe(), ahead)
+    return CapacityComparison(
+        name, tuple(rows), limit, limit_source, resolution, multiple_of, feeding.describe(), ahead, prefetch,
+        largest=(int(largest) // multiple_of) * multiple_of,
+    )
 
 
-def loop_bytes(parts: dict, fed: int, reused: int, ahead: int = 1) -> dict[str, Any]:
+def loop_bytes(parts: dict, fed: int, reused: int, ahead: int = 1, batch: int = 0, prefetch: int = 0) -> dict[str, Any]:
     """What a training loop of one mode holds at its peak, per device, from
     the compiled step's memory analysis (`memory.analysis_parts`), the bytes of
     the arguments its outputs feed back (`fed`, the state), the bytes an output
-    reuses by donation (`reused`), and the steps the loop dispatches before it
-    waits for an earlier one (`ahead`): the donation guide's "What fits per
-    mode" says why each part.
+    reuses by donation (`reused`), the calls the loop keeps in flight beside
+    the one running (`ahead`, as `max_in_flight=` bounds them), the bytes of
+    the arguments that are new every step (`batch`) and the batches the loop
+    puts on the device ahead of the step that takes them (`prefetch`): the
+    donation guide's "What fits per mode" says why each part.
 
     Returns `step` (XLA's figure for one step) and its `source`, `state` (the
-    state no donated buffer takes), `in_flight` (`ahead` copies of it), and
-    `loop`, the step and what is in flight."""
+    state no donated buffer takes), `batch`, `in_flight` (a state and a batch
+    for each call in flight, and the prefetched batches), and `loop`, the step
+    and what is in flight."""
     if parts.get("arguments") is None:
         raise ValueError("the backend gives no memory analysis for this step")
     total = parts["arguments"] + parts["outputs"] - parts["aliased"] + parts["temporaries"]
@@ -214,11 +264,42 @@ def loop_bytes(parts: dict, fed: int, reused: int, ahead: int = 1) -> dict[str, 
     else:  # CPU's peak leaves the temporaries out (measured: 331 MiB against a 1655 MiB rise at batch 65536)
         step, source = total, "sum"
     state = max(0, fed - reused)
-    return {"step": step, "source": source, "state": state, "in_flight": ahead * state, "loop": step + ahead * state}
+    in_flight = ahead * state + (ahead + prefetch) * batch
+    return {"step": step, "source": source, "state": state, "batch": batch, "in_flight": in_flight, "loop": step + in_flight}
 
 
-class _ModeFailed(Exception):
-    """A mode's search cannot go on: its message is the row's error."""
+class _Budget:
+    """`max_compiles` and `max_seconds`, per mode: `spend()` before each compile
+    raises `Stop` once either is spent (a mode always gets one compile)."""
+
+    def __init__(self, compiles: int | None, seconds: float | None):
+        self.compiles, self.seconds = compiles, seconds
+        self.count, self.t0 = 0, time.perf_counter()
+
+    def start(self) -> None:
+        self.count, self.t0 = 0, time.perf_counter()
+
+    def spend(self) -> None:
+        if self.compiles is not None and self.count >= self.compiles:
+            raise Stop(f"stopped after {self.count} compiles (max_compiles={self.compiles})")
+        if self.seconds is not None and self.count and time.perf_counter() - self.t0 > self.seconds:
+            raise Stop(f"stopped after {time.perf_counter() - self.t0:.1f} s (max_seconds={self.seconds})")
+        self.count += 1
+
+
+def _sizes_to_check(sizes: Any) -> tuple[int, ...]:
+    if isinstance(sizes, (int, np.integer)) and not isinstance(sizes, bool):
+        sizes = (sizes,)
+    try:
+        out = tuple(int(n) for n in sizes)
+        if any(isinstance(n, bool) or int(n) != n or n < 1 for n in sizes):
+            raise ValueError
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"compare_capacity: sizes are the sizes your loop also runs (an eval batch, the last partial batch), "
+            f"positive ints, got {sizes!r}."
+        ) from None
+    return tuple(sorted(set(out)))
 
 
 def _limit(limit: Any) -> tuple[int, str]:
@@ -315,45 +396,104 @@ class _Fed:
 
 class _Prober:
     """One mode's compiles: `loop_bytes(n)` compiles the step for `make_args(n)`
-    and gives what a loop holds (`loop_bytes`), keeping every size's figures."""
+    and gives what a loop holds (`loop_bytes`), keeping every size's figures
+    (`figures`) and the sizes whose compile failed for the device's memory
+    (`failed`, counted as not fitting)."""
 
-    def __init__(self, wrapper: Any, sizes: _Sizes, bound: tuple, fed: _Fed, jit: bool, ahead: int):
-        self.wrapper, self.sizes, self.bound, self.fed, self.jit, self.ahead = wrapper, sizes, bound, fed, jit, ahead
+    TOO_BIG = 2**62  # the figure of a size whose compile ran out of memory
+
+    def __init__(self, wrapper: Any, sizes: _Sizes, bound: tuple, fed: _Fed, jit: bool, ahead: int,
+                 prefetch: int, budget: _Budget):
+        self.wrapper, self.sizes, self.bound, self.fed, self.jit = wrapper, sizes, bound, fed, jit
+        self.ahead, self.prefetch, self.budget = ahead, prefetch, budget
         self.figures: dict[int, dict] = {}
+        self.failed: dict[int, str] = {}
 
     def tried(self) -> tuple:
         return tuple(sorted((n, f["loop"]) for n, f in self.figures.items()))
 
-    def loop_bytes(self, n: int, label: str, show: bool, limit: int) -> int:
+    def check(self, n: int, label: str, show: Progress, limit: int) -> tuple:
+        """`(n, predicted peak or None, fits)` for a size the user also runs."""
+        try:
+            figure = self.loop_bytes(n, label, show, limit, budgeted=False)
+        except Stop as e:
+            return (n, None, False, str(e))
+        return (n, None if figure >= self.TOO_BIG else figure, figure <= limit, self.failed.get(n))
+
+    def loop_bytes(self, n: int, label: str, show: Progress, limit: int, budgeted: bool = True) -> int:
+        if n in self.figures:
+            return self.figures[n]["loop"]
+        if n in self.failed:
+            return self.TOO_BIG
         args, kwargs = self.sizes(n)
         call = self.bound + args
+        if budgeted:
+            self.budget.spend()
         try:
             compiled = self.wrapper.lower(*call, **kwargs).compile()
         except Exception as e:
-            raise _ModeFailed(f"the step failed to compile at n={n}: {type(e).__name__}: {e}") from None
+            if memory_refused(e):  # too big for the device: does not fit, and the search goes on below it
+                self.failed[n] = f"the compile ran out of device memory ({type(e).__name__}: {_first_line(e)})"
+                show.line(f"compare_capacity [{label}] n={n}: compile failed for memory (over)")
+                return self.TOO_BIG
+            raise Stop(f"the step failed to compile at n={n}: {type(e).__name__}: {e}") from None
         if self.fed.mask is None:  # errors in the user's feed= are theirs to see
             self.fed.learn(args, self.wrapper.eval_shape(*call, **kwargs))
         try:
             parts, figures = analysis_parts(compiled), memory_figures(compiled)
             devices = figures.get("devices", 1)
-            scale = 1.0 if self.jit else 1.0 / devices
-            leaves = jax.tree_util.tree_leaves(args)
-            fed = sum(_device_bytes(x, scale) for x, m in zip(leaves, self.fed.mask) if m)
-            result = loop_bytes(parts, fed, figures.get("reused_bytes") or 0, self.ahead)
+            per_leaf = self._per_device(compiled, call, kwargs, args, devices)
+            fed = sum(b for b, m in zip(per_leaf, self.fed.mask) if m)
+            batch = sum(b for b, m in zip(per_leaf, self.fed.mask) if not m)
+            result = loop_bytes(parts, fed, figures.get("reused_bytes") or 0, self.ahead, batch, self.prefetch)
         except Exception as e:
-            raise _ModeFailed(f"no memory figures at n={n}: {type(e).__name__}: {e}") from None
+            raise Stop(f"no memory figures at n={n}: {type(e).__name__}: {e}") from None
         result.update(arguments=parts["arguments"], devices=devices)
         if not self.figures and parts["arguments"] > limit:
+            scale = 1.0 if self.jit else 1.0 / devices
             raise ValueError(
                 f"compare_capacity: the step's arguments alone take {format_bytes(parts['arguments'])} per device at "
                 f"n={n} ({_largest_leaf(args, kwargs, scale)}), over the limit of {format_bytes(limit)}: no loop "
                 f"fits. Pass a larger limit (bytes per device), or shard the state over more devices."
             )
         self.figures[n] = result
-        if show:
-            fits = "fits" if result["loop"] <= limit else "over"
-            sys.stderr.write(f"compare_capacity [{label}] n={n}: {format_bytes(result['loop'])} ({fits})\n")
+        fits = "fits" if result["loop"] <= limit else "over"
+        show.line(f"compare_capacity [{label}] n={n}: {format_bytes(result['loop'])} ({fits})")
         return result["loop"]
+
+    def _per_device(self, compiled: Any, call: tuple, kwargs: dict, args: tuple, devices: int) -> list[int]:
+        """The bytes of each leaf of the positional arguments `args` on one
+        device, as the compiled step takes it: from the executable's input
+        shardings (what `in_shardings`, a `filter_pmap`'s axes or a replicated
+        state make of it), each leaf found among the call's dynamic values;
+        from the leaf's own sharding where the step cannot say."""
+        leaves = jax.tree_util.tree_leaves(args)
+        scale = 1.0 if self.jit else 1.0 / devices
+        fallback = [_device_bytes(x, scale) for x in leaves]
+        try:
+            inner = executable(compiled)
+            infos = [a for a in jax.tree_util.tree_leaves(inner.args_info, is_leaf=lambda a: hasattr(a, "donated"))
+                     if hasattr(a, "donated")]
+            shardings = input_shardings(inner, len(infos))
+            standing, _ = stand_ins((call, kwargs))
+            split = inspect_call(self.wrapper, tuple(standing[0]), standing[1], entry=False).split
+        except Exception:
+            return fallback
+        if split.pattern is not None or not shardings:
+            return fallback
+        index = {id(x): i for i, x in enumerate(split.dynamic)}
+        mine = jax.tree_util.tree_leaves(tuple(standing[0])[len(self.bound):])
+        out = []
+        for x, stand_in, own in zip(leaves, mine, fallback):
+            i = index.get(id(stand_in))
+            sharding = shardings.get(i) if i is not None else None
+            out.append(own if sharding is None or not array_like(x) else shard_bytes(x, sharding))
+        return out
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:200] if text else ""
 
 
 def _largest_leaf(args: tuple, kwargs: dict, scale: float) -> str:
@@ -388,34 +528,55 @@ def _materialize_tree(tree: Any) -> Any:
 
 
 def _verified(
-    row: CapacityRow, groups: Any, mode: str, fun0: Any, sizes: _Sizes, prefix: int, fed: _Fed, steps: int, ahead: int,
+    row: CapacityRow, groups: Any, mode: str, fun0: Any, sizes: _Sizes, prefix: int, fed: _Fed, steps: int,
+    ahead: int, prefetch: int,
 ) -> CapacityRow:
     """The row with the device allocator's peak over a real loop of its mode at
-    its size (`OwnPeak`, as `compare_donation` measures a mode's own peak):
-    `steps` calls, outputs fed back, a new batch (the arguments no output
-    feeds) made before each call as a loop gets its next one, each call
-    dispatched before the loop waits for the one `ahead` steps back. One call
-    first, outside the measurement, compiles the step (a GPU compile's own
-    scratch memory is no loop's). Everything the loop uses is its own: zeros
-    for abstract leaves, copies of concrete ones."""
+    its size (`OwnPeak`, as `compare_donation` measures a mode's own peak), as
+    a user's loop runs: the step wrapped with `max_in_flight=ahead`, `steps`
+    calls, outputs fed back, every argument no output feeds (the batch) put on
+    the device from host memory (`jax.device_put` of a NumPy array),
+    `prefetch` batches ahead of the step that takes them. One call first,
+    outside the measurement, compiles the step (a GPU compile's own scratch
+    memory is no loop's). Everything the loop uses is its own: zeros for
+    abstract leaves, copies of concrete ones.
+
+    It never runs the process out of memory: where the prediction does not fit
+    in what the device has free (`bytes_limit - bytes_in_use`, the caller's
+    arrays held), the loop is not run; a loop that fails (out of memory
+    included) leaves its reason in the row, and the comparison goes on."""
+    stats = device_memory()
+    if stats is not None and stats.get("bytes_limit"):
+        free = int(stats["bytes_limit"]) - int(stats["bytes_in_use"])
+        if (row.peak_bytes or 0) * 1.05 > free:
+            return _replace(row, verified=(
+                f"not verified: the loop's predicted {format_bytes(row.peak_bytes)} (and 5 %) is over the "
+                f"{format_bytes(free)} free on the device (bytes_limit - bytes_in_use: this process holds "
+                f"{format_bytes(int(stats['bytes_in_use']))})"))
     args0, kwargs0 = sizes(row.n)
-    bind = _Filtx(groups.make, mode)
+    make = groups.make
+
+    def bounded(m: str) -> Any:
+        made = make(m)
+        return made.replace(max_in_flight=ahead) if hasattr(made, "replace") else made
+
+    bind = _Filtx(bounded, mode)
     bound0 = groups.args[:prefix]
+    host = _HostBatches(args0, fed.mask)
 
     def loop(count: int) -> tuple:
         fun, bound = _materialize_tree(fun0), _materialize_tree(bound0)
-        args, kwargs = _materialize_tree(args0), _materialize_tree(kwargs0)
-        queued: list = []
+        kwargs = _materialize_tree(kwargs0)
+        queue = [host.put() for _ in range(prefetch + 1)]  # this step's batch and `prefetch` more, put ahead
+        args = host.args(_materialize_tree(args0), queue.pop(0))
         out = bind(fun)(*bound, *args, **kwargs)
         for _ in range(count - 1):
-            queued.append(out)
-            args = _next_args(fed, args, out, args0)
+            queue.append(host.put())
+            args = host.args(fed.next_args(args, out), queue.pop(0))
             fun, bound, kwargs = (_renewed(t, t0) for t, t0 in ((fun, fun0), (bound, bound0), (kwargs, kwargs0)))
             out = bind(fun)(*bound, *args, **kwargs)
-            if len(queued) > ahead:  # wait for the step `ahead` back, as a loop that reads its loss
-                _wait(queued.pop(0))
         block(out)
-        return out, args, kwargs, fun, bound  # alive until the meter has read its figure
+        return out, args, kwargs, fun, bound, queue  # alive until the meter has read its figure
 
     try:
         loop(1)  # the compile, outside the measurement
@@ -423,25 +584,32 @@ def _verified(
             last = loop(steps)
         del last
     except Exception as e:
-        return _replace(row, verified=f"the loop failed: {type(e).__name__}: {e}")
+        return _replace(row, verified=f"the loop failed: {type(e).__name__}: {_first_line(e)}")
     if meter.bytes is None:
         return _replace(row, verified=f"predicted only: {meter.why}")
-    return _replace(row, device_peak_bytes=meter.bytes, verified=f"a {steps}-step loop, {ahead} ahead")
+    return _replace(row, device_peak_bytes=meter.bytes, verified=(
+        f"a {steps}-step loop, max_in_flight={ahead}, batches put from host memory, {prefetch} ahead"))
 
 
-def _wait(out: Any) -> None:
-    """Wait for a step: its outputs that no later call has donated."""
-    block([x for x in jax.tree_util.tree_leaves(out) if isinstance(x, jax.Array) and not is_deleted(x)])
+class _HostBatches:
+    """A loop's batches as users feed them: the arguments no output feeds,
+    made once in host memory (NumPy zeros of each leaf's shape and dtype) and
+    put on the device (`jax.device_put`, placed by the leaf's sharding where it
+    has one) for every step."""
 
+    def __init__(self, args0: tuple, mask: list):
+        leaves, self.treedef = jax.tree_util.tree_flatten(args0)
+        self.mask = mask
+        self.host = [None if m or not array_like(x) else np.zeros(x.shape, x.dtype) for x, m in zip(leaves, mask)]
+        self.placement = [getattr(x, "sharding", None) if isinstance(x, (jax.ShapeDtypeStruct, jax.Array)) else None
+                          for x in leaves]
 
-def _next_args(fed: _Fed, args: tuple, out: Any, args0: tuple) -> tuple:
-    """The next call's positional arguments: what the outputs feed, and a new
-    batch (fresh leaves from `make_args`'s) everywhere else."""
-    new = fed.next_args(args, out)
-    leaves, treedef = jax.tree_util.tree_flatten(new)
-    templates = jax.tree_util.tree_leaves(args0)
-    leaves = [x if m else _materialize(t) for x, t, m in zip(leaves, templates, fed.mask)]
-    return treedef.unflatten(leaves)
+    def put(self) -> list:
+        return [None if h is None else jax.device_put(h, p) for h, p in zip(self.host, self.placement)]
+
+    def args(self, args: tuple, batch: list) -> tuple:
+        leaves = jax.tree_util.tree_leaves(args)
+        return self.treedef.unflatten([x if b is None else b for x, b in zip(leaves, batch)])
 
 
 def _renewed(tree: Any, template: Any) -> Any:

@@ -40,7 +40,18 @@ class CapacityRow:
     - `probes`: the sizes compiled; `tried`: each `(size, predicted peak)`;
         `seconds`: the search's time; `devices`: the devices the step runs on.
     - `error`: why this mode has no size (refused, nothing fits at `start`,
-        a compile that failed at some `n`).
+        a compile that failed before any size fit).
+    - `batch_bytes`: the arguments no output feeds (a batch), new every step;
+        `run_ahead_bytes`: what each further call in flight adds (a state and
+        a batch); `setting`: what makes the figure hold in your loop
+        (`"max_in_flight=1"`: wrap the step with it).
+    - `unsafe`: sizes below `n` found *not* to fit (a figure that does not
+        grow with `n`, or a size of `sizes=`): the row is flagged.
+    - `checked`: `(size, predicted peak, fits, why)` for each size of `sizes=`;
+        `failed`: `(size, why)` for compiles that ran out of device memory
+        (counted as not fitting); `stopped`: why the search ended early (a
+        budget, a compile that failed otherwise), `n` then being the largest
+        size found to fit; `every_size_fits`: every size up to `largest` fits.
 
     !!! example
 
@@ -53,8 +64,10 @@ class CapacityRow:
         make_args = lambda n: ((jax.ShapeDtypeStruct((256, 256), jnp.float32),
                                 jax.ShapeDtypeStruct((n, 256), jnp.float32)), {})
         none, arrays = filtx.compare_capacity(step, make_args, limit=2**24).rows
-        assert none.step_source in ("sum", "xla peak") and none.in_flight_bytes == 256 * 256 * 4
-        assert arrays.state_bytes == arrays.in_flight_bytes == 0 and arrays.n > none.n
+        assert none.step_source in ("sum", "xla peak") and none.state_bytes == 256 * 256 * 4
+        # in flight: a state and a batch for the call still running, and a batch put ahead
+        assert none.in_flight_bytes == none.state_bytes + 2 * none.batch_bytes and none.setting == "max_in_flight=1"
+        assert arrays.state_bytes == 0 and arrays.n > none.n
         ```
     """
 
@@ -77,14 +90,36 @@ class CapacityRow:
     seconds: float | None = None
     devices: int = 1
     error: str | None = None
+    batch_bytes: int | None = None
+    run_ahead_bytes: int | None = None
+    setting: str | None = None
+    unsafe: tuple = ()
+    checked: tuple = ()
+    failed: tuple = ()
+    stopped: str | None = None
+    every_size_fits: bool = False
+
+    def __repr__(self) -> str:
+        """One line: the mode, its size and predicted peak (or why it has none)."""
+        from .result import one_line
+
+        if self.n is None:
+            return f"CapacityRow(mode={self.mode!r}, n=None, {one_line(self.error or 'no size found')})"
+        ratio = "" if self.ratio is None else f", x none={self.ratio:.2f}"
+        over = ", every size up to largest fits" if self.over is None else f", first over={self.over}"
+        return f"CapacityRow(mode={self.mode!r}, n={self.n}, peak={format_bytes(self.peak_bytes)}{ratio}{over})"
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:  # IPython's display: the one line
+        p.text(repr(self))
 
 
 @dataclasses.dataclass(frozen=True)
 class CapacityComparison:
     """The result of `filtx.compare_capacity`: `rows`, one `CapacityRow` per
     mode; `limit`, the bytes per device the loops had to fit (`limit_source`
-    says where it came from); `resolution`, `multiple_of` and `ahead` (the
-    steps a loop dispatches before it waits for an earlier one) as asked;
+    says where it came from); `resolution`, `multiple_of`, `ahead` (the calls
+    a loop keeps in flight: `max_in_flight=ahead`), `prefetch` and `largest`
+    as asked;
     `fed` says which outputs feed which arguments. `str()` is a table,
     `best()` the row that fits the largest size, `as_dicts()` plain values,
     `plot()` each mode's predicted peak against the size, the limit drawn.
@@ -115,6 +150,8 @@ class CapacityComparison:
     multiple_of: int = 1
     fed: str = ""
     ahead: int = 1
+    prefetch: int = 1
+    largest: int | None = None
 
     def best(self) -> CapacityRow:
         """The row that fits the largest `n` (ties: the least peak there)."""
@@ -145,11 +182,12 @@ class CapacityComparison:
                     str(r.over or "-"), format_bytes(r.over_peak_bytes), str(r.probes)))
                 continue
             body.append((
-                r.mode, str(r.n), "-" if r.ratio is None else f"{r.ratio:.2f}", format_bytes(r.peak_bytes),
+                r.mode, str(r.n) + ("!" if r.unsafe else "") + ("~" if r.stopped else ""),
+                "-" if r.ratio is None else f"{r.ratio:.2f}", format_bytes(r.peak_bytes),
                 format_bytes(r.step_bytes) + ("*" if r.step_source == "sum" else ""),
                 format_bytes(r.in_flight_bytes),
             ) + ((format_bytes(r.device_peak_bytes),) if device else ()) + (
-                "-" if r.over is None else str(r.over), format_bytes(r.over_peak_bytes), str(r.probes),
+                "none" if r.over is None else str(r.over), format_bytes(r.over_peak_bytes), str(r.probes),
             ))
         devices = max((r.devices for r in self.rows), default=1)
         per = f", bytes per device ({devices} devices)" if devices > 1 else ""
@@ -157,23 +195,41 @@ class CapacityComparison:
             f"{self.function}: the largest n under {format_bytes(self.limit)} ({self.limit_source}), "
             f"to {self.resolution:.0%}" + (f", multiples of {self.multiple_of}" if self.multiple_of > 1 else "") + per
         )
-        steps = f"{self.ahead} step" + ("s" if self.ahead != 1 else "")
+        calls = f"{self.ahead} call" + ("s" if self.ahead != 1 else "")
         notes = [
-            f"loop peak: a training loop's, predicted: the step, and in flight the state fed back that no "
-            f"donated buffer takes, once for each step dispatched ahead ({steps})"
+            f"loop peak: a training loop's, predicted: the step, and in flight, for each of {calls} still running "
+            f"(wrap the step with max_in_flight={self.ahead}), the state fed back that no donated buffer takes and "
+            f"a batch, and {self.prefetch} batch{'es' if self.prefetch != 1 else ''} put ahead"
         ]
         if self.fed:
             notes.append(f"fed back: {self.fed}")
         if any(r.step_source == "sum" for r in self.rows):
             notes.append("* arguments + outputs - aliased + temporaries (this backend's peak leaves temporaries out)")
+        verified = {r.verified for r in self.rows if r.verified is not None and r.device_peak_bytes is None}
         for r in self.rows:
             if r.error is not None:
                 notes.append(f"{r.mode}: {r.error}")
-            elif r.verified is not None and not device:
-                notes.append(f"{r.mode}: {r.verified}")
-                break
-            elif r.verified is not None and r.device_peak_bytes is None:
-                notes.append(f"{r.mode}: {r.verified}")
+                continue
+            if r.every_size_fits:
+                notes.append(f"{r.mode}: every size up to largest={self.largest or r.n} fits")
+            if r.unsafe:
+                notes.append(f"{r.mode}: ! sizes below n that do NOT fit: {', '.join(map(str, r.unsafe))} "
+                             "(the figure does not grow with n there; check the sizes you will run)")
+            if r.stopped:
+                notes.append(f"{r.mode}: ~ {r.stopped}; n is the largest size found to fit")
+            for n, why in r.failed:
+                notes.append(f"{r.mode}: n={n} counted as not fitting: {why}")
+            for n, peak, fits, why in r.checked:
+                state = "fits" if fits else "does NOT fit"
+                notes.append(f"{r.mode}: size {n} (sizes=): {format_bytes(peak)}, {state}" + (f" ({why})" if why else ""))
+            if r.state_bytes:
+                notes.append(
+                    f"{r.mode}: without donation the figure depends on run-ahead: each further call in flight adds "
+                    f"{format_bytes(r.run_ahead_bytes)}; a loop that never waits, unbounded, can run out of memory "
+                    f"at any size (use {r.setting})"
+                )
+            if r.verified is not None and r.device_peak_bytes is None and (len(verified) > 1 or r is self.rows[-1]):
+                notes.append(f"{r.mode}: {r.verified}" if len(verified) > 1 else f"all rows: {r.verified}")
         if device:
             notes.append("device peak: the allocator's peak over a real loop at n, its arguments included")
         return "\n".join([summary, *table_lines(header, body), *notes])
@@ -217,3 +273,12 @@ class CapacityComparison:
         if path is not None:
             figure.savefig(path)
         return figure
+
+    def __repr__(self) -> str:
+        """One line: the step's name, the limit, and each mode's size."""
+        rows = ", ".join(f"{r.mode} n={r.n}" for r in self.rows)
+        return f"CapacityComparison({self.function!r}, under {format_bytes(self.limit)}: {rows})"
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        """IPython's display (a notebook's, the IPython shell's): the `str()` table."""
+        p.text(repr(self) if cycle else str(self))

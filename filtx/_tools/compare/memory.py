@@ -18,7 +18,7 @@ from ..._core.roles import is_ref
 
 __all__ = [
     "fresh", "fresh_tree", "is_deleted", "block", "in_flight_window", "device_memory", "OwnPeak",
-    "memory_figures", "outputs_differ", "executable", "analysis_parts", "shard_bytes",
+    "memory_figures", "outputs_differ", "executable", "analysis_parts", "shard_bytes", "input_shardings",
 ]
 
 
@@ -137,7 +137,7 @@ def memory_figures(compiled: Any) -> dict[str, Any]:
     inner = executable(compiled)
     analysis = inner.memory_analysis()
     infos = [a for a in jax.tree_util.tree_leaves(inner.args_info, is_leaf=lambda a: hasattr(a, "donated")) if hasattr(a, "donated")]
-    shardings = _input_shardings(inner, len(infos))
+    shardings = input_shardings(inner, len(infos))
     devices = max([len(s.device_set) for s in shardings.values()] or [1])
     out: dict[str, Any] = {"devices": devices}
     if analysis is None:
@@ -186,7 +186,7 @@ def analysis_parts(compiled: Any) -> dict[str, Any]:
     }
 
 
-def _input_shardings(inner: Any, count: int) -> dict[int, Any]:
+def input_shardings(inner: Any, count: int) -> dict[int, Any]:
     """The sharding of every argument the executable kept, by argument index
     (JAX drops the arguments a step does not use); `{}` where it cannot say."""
     try:

@@ -8,18 +8,28 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-__all__ = ["largest_fitting", "Search"]
+__all__ = ["largest_fitting", "Search", "Stop"]
+
+
+class Stop(Exception):
+    """Raised by `measure` to end a search early (a budget spent, a size that
+    cannot be measured): the search returns what it found so far, with the
+    message as `stopped`."""
 
 
 class Search:
     """What a search found: `n`, the largest size that fits (None where even the
     smallest does not); `over`, the first size tried that does not (None where
-    every size up to `largest` fits); `seen`, every size measured with its figure."""
+    every size up to `largest` fits); `seen`, every size measured with its
+    figure; `stopped`, why the search ended before `resolution` (a `Stop`'s
+    message), else None; `unsafe`, the sizes below `n` measured over the limit
+    (a figure that does not grow with `n`: `n` fits, they do not)."""
 
-    __slots__ = ("n", "over", "seen")
+    __slots__ = ("n", "over", "seen", "stopped", "unsafe")
 
-    def __init__(self, n: int | None, over: int | None, seen: dict[int, int]):
-        self.n, self.over, self.seen = n, over, seen
+    def __init__(self, n: int | None, over: int | None, seen: dict[int, int], stopped: str | None = None, limit: int | None = None):
+        self.n, self.over, self.seen, self.stopped = n, over, seen, stopped
+        self.unsafe = () if n is None or limit is None else tuple(sorted(m for m, f in seen.items() if m < n and f > limit))
 
 
 def largest_fitting(
@@ -40,6 +50,18 @@ def largest_fitting(
     is measured first after `start`."""
     step = max(1, int(multiple_of))
     seen: dict[int, int] = {}
+    largest = (int(largest) // step) * step  # a multiple too
+    try:
+        n, over = _search(measure, limit, seen, start, step, resolution, largest, hint)
+    except Stop as e:
+        fitting = [m for m, f in seen.items() if f <= limit]
+        n = max(fitting) if fitting else None
+        above = [m for m, f in seen.items() if f > limit and (n is None or m > n)]
+        return Search(n, min(above) if above else None, seen, str(e), limit)
+    return Search(n, over, seen, None, limit)
+
+
+def _search(measure, limit, seen, start, step, resolution, largest, hint) -> tuple:
 
     def up(n: float) -> int:
         return max(_first(start, step), int(math.ceil(n / step)) * step)
@@ -59,7 +81,7 @@ def largest_fitting(
     if lo > largest:
         raise ValueError(f"start={start} rounded to a multiple of {step} is over largest={largest}.")
     if not fits(lo):
-        return Search(None, lo, seen)
+        return None, lo
     hi: int | None = None
     if hint is not None and lo < down(hint) <= largest:
         if fits(down(hint)):
@@ -73,7 +95,7 @@ def largest_fitting(
             guess = min(up(line * (1 + resolution / 2)), up(1024 * lo))
         if guess > largest:
             if lo == largest or fits(largest):
-                return Search(largest, None, seen)
+                return largest, None
             guess = largest
         if fits(guess):
             lo = guess
@@ -112,7 +134,7 @@ def largest_fitting(
                     lo, f_lo = middle, float(seen[middle])
                 else:
                     hi, f_hi = middle, float(seen[middle])
-    return Search(lo, hi, seen)
+    return lo, hi
 
 
 def _between(lo: int, hi: int, f_lo: float, f_hi: float, limit: float) -> float:
