@@ -339,3 +339,139 @@ def test_rounds_default_to_about_two_seconds_and_a_hook_runs_between_them():
     assert 10 <= comparison.rounds <= 200 and seen == [(r, comparison.rounds) for r in range(comparison.rounds)]
     with pytest.raises(ValueError, match="rounds and calls are positive"):
         filtx.compare_donation(momentum_sgd, *state(), rounds=0)
+
+
+#
+# Output people read (issue 48, item 6): binary units, a compact repr,
+# IPython's display, progress in notebooks as well as terminals
+#
+
+
+class _Printer:
+    """What IPython's pretty printer gives `_repr_pretty_`: `text()` collects."""
+
+    def __init__(self):
+        self.parts = []
+
+    def text(self, s):
+        self.parts.append(s)
+
+
+def _pretty(obj, cycle=False):
+    printer = _Printer()
+    obj._repr_pretty_(printer, cycle)
+    return "".join(printer.parts)
+
+
+def test_bytes_print_in_binary_units_as_limits_are_written():
+    from filtx._tools.compare.result import format_bytes
+
+    assert format_bytes(4 * 2**30) == "4.00 GiB" and format_bytes(64 * 2**20) == "64.00 MiB"
+    assert format_bytes(None) == "-" and format_bytes(0) == "0 B" and format_bytes(1023) == "1023 B"
+    assert format_bytes(1024) == "1.00 KiB" and format_bytes(1536) == "1.50 KiB"
+    assert format_bytes(2**20 - 1) == "1.00 MiB"  # rounds up into the next unit, not "1024.00 KiB"
+    assert format_bytes(3 * 2**40) == "3.00 TiB" and format_bytes(2**50) == "1024.00 TiB"
+    assert format_bytes(-2048) == "-2.00 KiB" and format_bytes(10**9) == "953.67 MiB"
+    assert format_bytes(2**30 - 2**20) == "1023.00 MiB" and format_bytes(2**30 - 1) == "1.00 GiB"
+    row = ModeRow("arrays", ("arrays",), 1e-3, 0.0, 0.5, peak_bytes=5 * 2**20, peak_source="xla peak",
+                  donated_bytes=2**30, reused_bytes=2**30 - 2**20, unusable=(), same_result=True)
+    text = str(DonationComparison("f", (row,), 3, 2))
+    assert "5.00 MiB" in text and "1.00 GiB" in text and "1023.00 MiB" in text
+    assert not any(unit in text for unit in (" GB", " MB", " kB"))
+
+
+def test_a_mode_row_and_a_comparison_repr_in_one_line_and_display_their_table():
+    comparison = filtx.compare_donation(momentum_sgd, *state(), rounds=2, calls=2, progress=False)
+    none, arrays = comparison.rows
+    for row in comparison.rows:
+        shown = repr(row)
+        assert "\n" not in shown and shown.startswith(f"ModeRow(mode={row.mode!r}, time/call=")
+        assert f"peak={filtx._tools.compare.result.format_bytes(row.peak_bytes)}" in shown
+        assert _pretty(row) == shown  # a row has no table: IPython shows the line
+    assert "reused=1.00 MiB" in repr(arrays) and "reused=0 B" in repr(none)  # the state: 4 x 256 KiB
+    shown = repr(comparison)
+    assert "\n" not in shown and shown.startswith("DonationComparison('momentum_sgd'")
+    assert "none " in shown and "arrays " in shown and len(shown) < 200
+    assert _pretty(comparison) == str(comparison) and str(comparison).count("\n") >= 3
+    assert _pretty(comparison, cycle=True) == shown
+    failed = ModeRow("strict", ("strict",), error="ValueError: donate='strict': args[2] no output reuses\nmore")
+    assert repr(failed) == "ModeRow(mode='strict', failed: ValueError: donate='strict': args[2] no output reuses...)"
+    unequal = ModeRow("arrays", ("arrays",), 1e-3, peak_bytes=2048, reused_bytes=0, same_result=False)
+    assert repr(unequal).endswith("same_result=False)")
+    assert "strict failed" in repr(DonationComparison("f", (none, failed), 2, 2))
+
+
+def test_a_donation_report_and_its_rows_repr_in_one_line_and_display_their_table():
+    step = filtx.filter_jit(lambda w, x: (w * 2, x.sum()), donate="arrays")
+    report = filtx.donation_report(step, jnp.ones(3), jnp.ones(5))
+    kept, unusable = report.rows
+    assert repr(kept) == "DonationRow(path='args[0]', role='donated', value='float32[3]', output='out[0]')"
+    assert repr(unusable) == (
+        "DonationRow(path='args[1]', role='donated', value='float32[5]', reason='no output has float32[5]')")
+    assert report.function.endswith("<lambda>")
+    assert repr(report) == f"DonationReport({report.function!r}, 2 leaves: 2 donated, 1 reused by an output, 1 not (args[1]))"
+    assert _pretty(report) == str(report) != repr(report) and _pretty(kept) == repr(kept)
+
+
+def test_progress_shows_in_a_terminal_and_in_a_notebook_and_nowhere_else(monkeypatch, capsys):
+    from filtx._tools.compare import progress as _progress
+    from filtx._tools.compare.progress import Progress
+
+    class Stream:
+        def __init__(self, tty):
+            self.tty, self.written = tty, []
+
+        def isatty(self):
+            if self.tty is None:
+                raise ValueError("I/O operation on closed file")
+            return self.tty
+
+        def write(self, s):
+            self.written.append(s)
+
+        def flush(self):
+            pass
+
+    def kernel(shell):  # a notebook's modules: ipykernel loaded, IPython's get_ipython
+        monkeypatch.setitem(sys.modules, "ipykernel", types.ModuleType("ipykernel"))
+        ipython = types.ModuleType("IPython")
+        ipython.get_ipython = shell
+        monkeypatch.setitem(sys.modules, "IPython", ipython)
+
+    monkeypatch.delitem(sys.modules, "ipykernel", raising=False)
+    monkeypatch.delitem(sys.modules, "IPython", raising=False)
+    terminal = Stream(True)
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert Progress(None).enabled is True and Progress(False).enabled is False
+    Progress(None).line("n=8: 1.00 MiB (fits)")
+    Progress(False).line("not this")
+    assert "".join(terminal.written) == "n=8: 1.00 MiB (fits)\n"
+    monkeypatch.setattr(sys, "stderr", Stream(False))  # a pipe or a log file
+    assert Progress(None).enabled is False and Progress(True).enabled is True and Progress(1).enabled is True
+    monkeypatch.setattr(sys, "stderr", Stream(None))  # closed: no terminal, no error
+    assert Progress(None).enabled is False
+    monkeypatch.setattr(sys, "stderr", Stream(False))
+    kernel(lambda: object())
+    assert Progress(None).enabled is True and _progress.in_notebook()
+    kernel(lambda: None)  # IPython imported, no shell running: a plain script
+    assert Progress(None).enabled is False
+    kernel(lambda: 1 / 0)  # a broken IPython is no notebook, and no error
+    assert Progress(None).enabled is False
+    monkeypatch.delitem(sys.modules, "IPython")  # ipykernel without IPython
+    assert Progress(None).enabled is False
+    monkeypatch.delitem(sys.modules, "ipykernel")
+    monkeypatch.setitem(sys.modules, "IPython", types.SimpleNamespace(get_ipython=lambda: object()))
+    assert Progress(None).enabled is False  # IPython's terminal shell, stderr not a terminal: no kernel
+    with pytest.raises(TypeError, match=r"progress= takes True, False or None.*got 'yes'"):
+        Progress("yes")
+    assert repr(Progress(True)) == "Progress(enabled=True)"
+
+
+def test_compare_donation_shows_its_bar_in_a_notebook_by_default(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "ipykernel", types.ModuleType("ipykernel"))
+    monkeypatch.setitem(sys.modules, "IPython", types.SimpleNamespace(get_ipython=lambda: object()))
+    filtx.compare_donation(momentum_sgd, *state(), modes="arrays", rounds=2, calls=2)
+    err = capsys.readouterr().err  # pytest's capture is no terminal: the notebook turned the bar on
+    assert "compare_donation(momentum_sgd) [" in err and "2/2 rounds" in err
+    filtx.compare_donation(momentum_sgd, *state(), modes="arrays", rounds=2, calls=2, progress=False)
+    assert "compare_donation" not in capsys.readouterr().err

@@ -15,7 +15,7 @@ from .._core.outputs import parts
 from .._core.roles import donate, static
 from .._core.share import unique_donation
 from .._transforms.wrapper import inspect_call
-from .compare.result import table_lines
+from .compare.result import one_line, table_lines
 
 __all__ = ["donation_report", "DonationReport", "DonationRow"]
 
@@ -44,6 +44,15 @@ class DonationRow:
     value: str  # "float32[3,2]" for arrays, the type's name otherwise
     output: str | None = None
     reason: str | None = None
+
+    def __repr__(self) -> str:
+        """One line: the path, role and value, and where a donated buffer goes."""
+        goes = f", output={self.output!r}" if self.output is not None else ""
+        why = f", reason={one_line(self.reason)!r}" if self.reason is not None else ""
+        return f"DonationRow(path={self.path!r}, role={self.role!r}, value={self.value!r}{goes}{why})"
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:  # IPython's display: the one line
+        p.text(repr(self))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +96,17 @@ class DonationReport:
         saved = len(self.donated) - len(self.unusable)
         summary = f"{self.function}: {len(self.donated)} donated, {saved} reused by an output, {len(self.unusable)} not"
         return "\n".join([summary, *table_lines(header, body)])
+
+    def __repr__(self) -> str:
+        """One line: the function, its leaves, how many are donated and reused."""
+        saved = len(self.donated) - len(self.unusable)
+        unusable = f" ({', '.join(r.path for r in self.unusable[:3])}{', ...' if len(self.unusable) > 3 else ''})"
+        return (f"DonationReport({self.function!r}, {len(self.rows)} leaves: {len(self.donated)} donated, "
+                f"{saved} reused by an output, {len(self.unusable)} not{unusable if self.unusable else ''})")
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        """IPython's display (a notebook's, the IPython shell's): the `str()` table."""
+        p.text(repr(self) if cycle else str(self))
 
 
 def donation_report(wrapped: Any, /, *args, **kwargs) -> DonationReport:

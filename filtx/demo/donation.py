@@ -1,6 +1,6 @@
 """Section `donation`: buffer donation saves memory, and changes nothing else.
 
-A multilayer perceptron with a few hundred MB of float32 parameters is trained
+A multilayer perceptron with a few hundred MiB of float32 parameters is trained
 by plain SGD on a synthetic regression task. The training step
 `step(model, batch) -> (model, loss)` is wrapped in
 `filtx.filter_jit(donate=mode)` and run once for each donation mode:
@@ -66,7 +66,7 @@ class DonationConfig:
         return self.parameter_count() * BYTES_PER_FLOAT32 / 2**20
 
 
-# Five 4096 x 4096 weight matrices: 324 MB of parameters. Many layers rather
+# Five 4096 x 4096 weight matrices: 324 MiB of parameters. Many layers rather
 # than a few wide ones, because a donated step still needs one layer's
 # gradient as a temporary.
 DEFAULT_CONFIG = DonationConfig(
@@ -80,7 +80,7 @@ DEFAULT_CONFIG = DonationConfig(
     timed_steps=5,
     learning_rate=1e-3,
 )
-# 98 MB: small enough for a test, large enough for donation's saving to stand
+# 98 MiB: small enough for a test, large enough for donation's saving to stand
 # well above the noise in peak RSS.
 QUICK_CONFIG = dataclasses.replace(DEFAULT_CONFIG, width=2048, depth=7, timed_steps=3)
 
@@ -233,10 +233,10 @@ def format_table(rows: list[dict]) -> str:
     columns = [
         ("mode", lambda r: r["mode"]),
         ("time/step", lambda r: f"{r['ms_per_step']:.1f} ms"),
-        ("peak RSS", lambda r: f"{r['peak_rss_mb']:.0f} MB"),
+        ("peak RSS", lambda r: f"{r['peak_rss_mb']:.0f} MiB"),
     ]
     if any(r["peak_device_mb"] is not None for r in rows):
-        columns.append(("peak device", lambda r: f"{r['peak_device_mb']:.0f} MB"))
+        columns.append(("peak device", lambda r: f"{r['peak_device_mb']:.0f} MiB"))
     columns += [
         ("final loss", lambda r: f"{r['final_loss']:.8g}"),
         ("warnings", lambda r: str(r["donation_warnings"])),
@@ -265,13 +265,13 @@ def interpret(rows: list[dict], parameter_mb: float) -> str:
     saved = kept - donated
     if saved > 0:
         effect = (
-            f"Donation lowered {memory} by {saved:.0f} MB ({saved / kept:.0%}), "
-            f"{saved / parameter_mb:.1f}x the {parameter_mb:.0f} MB of parameters"
+            f"Donation lowered {memory} by {saved:.0f} MiB ({saved / kept:.0%}), "
+            f"{saved / parameter_mb:.1f}x the {parameter_mb:.0f} MiB of parameters"
         )
     else:
         effect = (
             f"Donation did not lower {memory} here "
-            f"({kept:.0f} MB kept, {donated:.0f} MB donated)"
+            f"({kept:.0f} MiB kept, {donated:.0f} MiB donated)"
         )
     same = len({row["final_loss"] for row in rows}) == 1
     agreement = "identical" if same else "NOT identical"
@@ -281,7 +281,7 @@ def interpret(rows: list[dict], parameter_mb: float) -> str:
 def run(quick: bool, timeout: float) -> None:
     config = config_for(quick)
     print(
-        f"== donation: an MLP with {config.parameter_mb():.0f} MB of float32 "
+        f"== donation: an MLP with {config.parameter_mb():.0f} MiB of float32 "
         f"parameters, {config.timed_steps} timed SGD steps per mode, "
         "one subprocess per mode ==",
         flush=True,

@@ -18,6 +18,7 @@ import numpy as np
 from ..._base.jax_compat import ANY_UNUSABLE_DONATION
 from .modes import make_runs
 from .loop import Run
+from .progress import Progress
 from .result import DonationComparison, ModeRow
 from ..._core.donation import UnusableDonationWarning
 from .memory import device_memory, memory_figures, outputs_differ
@@ -84,7 +85,8 @@ def compare_donation(
     - `baselines`: `("equinox",)` adds rows for `eqx.filter_jit(donate="all")` and
         `(donate="none")`, with the Equinox you imported (for `filter_jit` steps
         and plain functions; Equinox's defaults, not your `specs`).
-    - `progress`: a progress bar on stderr (default: when stderr is a terminal).
+    - `progress`: a progress bar on stderr (default: when stderr is a terminal
+        or the code runs in a notebook, whose cell shows stderr).
 
     **Returns:**
 
@@ -160,7 +162,7 @@ def compare(
         if device_memory() is not None:  # each mode's own peak, on a device that reports one
             for run in _ok(runs):
                 _guarded(run, lambda r=run: r.own_peak(own_peak_calls(calls), _figures(r).get("peak_bytes")))
-        bar = _Progress(rounds, name, sys.stderr.isatty() if progress is None else progress)
+        bar = _Progress(rounds, name, Progress(progress).enabled)
         for r in range(rounds):
             order = _ok(runs)
             order = order[r % len(order):] + order[: r % len(order)] if order else order
@@ -305,7 +307,7 @@ def _result(run: Run) -> tuple:
 
 
 class _Progress:
-    """A bar on stderr, for a terminal; nothing otherwise."""
+    """A bar on stderr, for a terminal or a notebook; nothing otherwise."""
 
     def __init__(self, total: int, name: str, show: bool):
         self.total, self.name, self.show = total, name, show

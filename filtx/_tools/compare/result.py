@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-__all__ = ["ModeRow", "DonationComparison", "format_bytes", "table_lines"]
+__all__ = ["ModeRow", "DonationComparison", "format_bytes", "one_line", "table_lines"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,14 +91,41 @@ class ModeRow:
     seconds_range: tuple[float, float] | None = None
     unsteady: bool = False
 
+    def __repr__(self) -> str:
+        """One line: the mode, its time per call and peak (or why it failed)."""
+        if self.error is not None:
+            return f"ModeRow(mode={self.mode!r}, failed: {one_line(self.error)})"
+        same = "" if self.same_result else ", same_result=False"
+        return (f"ModeRow(mode={self.mode!r}, time/call={_seconds(self.seconds_per_call)}, "
+                f"peak={format_bytes(self.peak_bytes)}, reused={format_bytes(self.reused_bytes)}{same})")
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:  # IPython's display: the one line
+        p.text(repr(self))
+
+
+_BINARY = (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
+
 
 def format_bytes(n: int | None) -> str:
+    """A byte count as every filtx table prints it: binary units (1 KiB = 1024
+    bytes), as limits are written (`4 * 2**30` is `"4.00 GiB"`), two decimals;
+    under 1 KiB, whole bytes (`"512 B"`); `None` is `"-"`."""
     if n is None:
         return "-"
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(n) >= size:
+    for unit, size in _BINARY:  # 2**20 - 1 bytes is "1.00 MiB", not "1024.00 KiB"
+        if abs(n) >= size or round(abs(n) / (size >> 10), 2) >= 1024:
             return f"{n / size:.2f} {unit}"
     return f"{n} B"
+
+
+def one_line(text: str, width: int = 72) -> str:
+    """`text`'s first line, cut to `width` characters (`...` where cut): an
+    error message inside a one-line `repr`."""
+    lines = str(text).splitlines() or [""]
+    first = lines[0]
+    if len(first) > width or len(lines) > 1:
+        first = first[: width - 3].rstrip() + "..."
+    return first
 
 
 def table_lines(header: tuple, body: list) -> list[str]:
@@ -260,11 +287,11 @@ class DonationComparison:
         time_axes.bar(labels, ms, yerr=[low, high], capsize=3, color="tab:blue")
         time_axes.set_ylabel("time per warm call (ms)")
         time_axes.set_title("time (median, its range)")
-        memory_axes.bar(labels, [(r.peak_bytes or 0) / 1e6 for r in rows], color="tab:orange", label="XLA")
+        memory_axes.bar(labels, [(r.peak_bytes or 0) / 2**20 for r in rows], color="tab:orange", label="XLA")
         if any(r.device_peak_bytes is not None for r in rows):
-            memory_axes.plot(labels, [(r.device_peak_bytes or 0) / 1e6 for r in rows], "kD", label="device")
+            memory_axes.plot(labels, [(r.device_peak_bytes or 0) / 2**20 for r in rows], "kD", label="device")
             memory_axes.legend()
-        memory_axes.set_ylabel("peak device memory (MB)" + (", per device" if self.per_device else ""))
+        memory_axes.set_ylabel("peak device memory (MiB)" + (", per device" if self.per_device else ""))
         memory_axes.set_title("peak memory (XLA)")
         for axes in (time_axes, memory_axes):
             axes.tick_params(axis="x", labelrotation=20)
@@ -272,3 +299,17 @@ class DonationComparison:
         if path is not None:
             figure.savefig(path)
         return figure
+
+    def __repr__(self) -> str:
+        """One line: the step's name, and each row's mode, time per call and peak."""
+        rows = ", ".join(
+            f"{r.mode} failed" if r.error is not None
+            else f"{r.mode} {_seconds(r.seconds_per_call)} {format_bytes(r.peak_bytes)}"
+            for r in self.rows
+        )
+        per = ", per device" if self.per_device else ""
+        return f"DonationComparison({self.function!r}, time/call and peak{per}: {rows})"
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        """IPython's display (a notebook's, the IPython shell's): the `str()` table."""
+        p.text(repr(self) if cycle else str(self))
