@@ -1,7 +1,10 @@
-"""Caches: clearing, not keeping user objects alive, explained retraces."""
+"""Caches: clearing, not keeping user objects alive, explained retraces, the
+documented bounds."""
 
 import gc
 import logging
+import pathlib
+import re
 import weakref
 
 import jax
@@ -93,3 +96,29 @@ def test_entry_cache_is_bounded(monkeypatch):
         assert float(f(jnp.ones(1), k)[0]) == k
     (plan,) = set(f._boundary.plans.values())
     assert len(plan.entries) <= 4
+
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def test_the_bounds_on_compile_state_are_the_documented_ones():
+    """The layer's README, the user guide and `clear_caches`' docstring give
+    the bounds' values; they are the defaults (a test that changes one
+    patches it)."""
+    from filtx._core import caches
+
+    readme = (ROOT / "filtx" / "_core" / "README.md").read_text(encoding="utf-8")
+    guide = (ROOT / "docs" / "index.md").read_text(encoding="utf-8")
+    said = {
+        "README, per function": re.findall(r"`MAX_SHARED_STATES` \((\d+)\)", readme),
+        "README, Modules": re.findall(r"`MAX_SHARED_STRUCTURES` \((\d+)\)", readme),
+        "user guide": re.findall(r"at most (\d+) sets of options", guide),
+        "clear_caches": re.findall(r"at most (\d+) sets of options", filtx.clear_caches.__doc__),
+    }
+    assert said == {
+        "README, per function": [str(caches.MAX_SHARED_STATES)],
+        "README, Modules": [str(caches.MAX_SHARED_STRUCTURES)],
+        "user guide": [str(caches.MAX_SHARED_STATES)],
+        "clear_caches": [str(caches.MAX_SHARED_STATES)],
+    }
+    assert caches.MAX_SHARED_STATES == caches.MAX_SHARED_STRUCTURES == caches._STRUCTURES.limit == 64

@@ -7,6 +7,9 @@
   step, compiles once.
 - The state kept on a function or an object changes nothing it shows or
   compares but `vars()`, follows no copy of it, and pickles as an empty dict.
+- A function or an object keeps at most `MAX_SHARED_STATES` states (one per
+  set of options), Modules `MAX_SHARED_STRUCTURES`: the least recently wrapped
+  go first, and nothing holds them after the collector runs.
 """
 
 import copy
@@ -230,3 +233,80 @@ def test_equal_wrappers_share_their_state_and_module_states_are_bounded(monkeypa
     del wrapper
     gc.collect()
     assert len(_caches._STRUCTURES) == 4 and sum(r() is not None for r in states) == 4  # the oldest dropped
+
+
+def _alive(refs) -> int:
+    return sum(r() is not None for r in refs)
+
+
+def _entries(boundary) -> list:
+    """The entries a state holds: what its calls compiled."""
+    plans = {id(p): p for p in (*boundary.plans.values(), *boundary.canonical.values())}
+    return [entry for plan in plans.values() for entry in plan.entries.values()]
+
+
+@pytest.mark.usefixtures("frozen_heap")  # its gc.collect() examines what it made
+def test_a_thousand_inline_wraps_with_fresh_axes_keep_at_most_the_bound_alive():
+    """`filter_vmap(g, in_axes=lambda leaf: 0)(x)` made inline 1,000 times: a new
+    lambda each time, so a new set of options, equal to no other. The function
+    keeps the last `MAX_SHARED_STATES` states and what they compiled, and after
+    each collection no more are alive: flat, where it grew by one per wrap."""
+    bound = _caches.MAX_SHARED_STATES
+
+    def g(x):
+        return x + 1
+
+    xs = jnp.ones((2, 1))
+    states, entries, alive = [], [], []
+    for i in range(1, 1001):
+        wrapper = filtx.filter_vmap(g, in_axes=lambda leaf: 0)
+        assert float(wrapper(xs)[0, 0]) == 2.0
+        states.append(weakref.ref(wrapper._boundary))
+        entries.extend(map(weakref.ref, _entries(wrapper._boundary)))
+        del wrapper
+        if i % 250 == 0:
+            gc.collect()
+            alive.append((len(vars(g)[STATE]), _alive(states), _alive(entries)))
+    assert len(entries) == len(states) == 1000  # every wrap compiled an entry of its own
+    assert alive == [(bound, bound, bound)] * 4
+    assert all(r() is not None for r in states[-bound:])  # the most recent are the ones kept
+
+
+@pytest.mark.usefixtures("frozen_heap")  # its gc.collect() examines what it made
+def test_compiled_states_past_the_bound_go_least_recently_wrapped_first(monkeypatch):
+    """With a bound of 4: a key wrapped again is kept (and compiles no more),
+    the least recently wrapped goes; a kept wrapper keeps its own state."""
+    monkeypatch.setattr(_caches, "MAX_SHARED_STATES", 4)
+    g, traces = _traced(lambda x: x * 2)
+    specs = [lambda leaf, i=i: filtx.traced for i in range(12)]  # twelve sets of options
+    kept = filtx.filter_jit(g, specs=specs[1])
+    kept(X)
+    states = {}
+    for i in (0, 1, 2, 3, 0, 4):  # 0 wrapped again before 4 comes: 1 goes, not 0
+        wrapper = filtx.filter_jit(g, specs=specs[i])
+        assert float(wrapper(X)[0]) == 2.0
+        states.setdefault(i, weakref.ref(wrapper._boundary))
+        assert wrapper._boundary is states[i]()  # wrapped again, the same state
+    del wrapper
+    assert len(traces) == 5  # one per set of options
+    table = vars(g)[STATE]
+    assert list(table.values()) == [states[i]() for i in (2, 3, 0, 4)]  # least recently wrapped first
+    assert states[1]() is kept._boundary  # dropped from the table, still its wrapper's
+    assert filtx.filter_jit(g, specs=specs[1])._boundary is not kept._boundary  # compiles again
+    for i in range(5, 12):
+        wrapper = filtx.filter_jit(g, specs=specs[i])
+        wrapper(X)
+        states[i] = weakref.ref(wrapper._boundary)
+    del wrapper, kept
+    gc.collect()
+    assert len(table) == 4 and [i for i, r in states.items() if r() is not None] == [8, 9, 10, 11]
+
+
+def test_module_states_go_least_recently_wrapped_first(monkeypatch):
+    monkeypatch.setattr(_caches, "_STRUCTURES", _caches.BoundedCache(3))
+    classes = [type(f"Linear{i}", (Linear,), {}) for i in range(4)]
+    states = [filtx.filter_jit(cls(jnp.ones(1)))._boundary for cls in classes[:3]]
+    assert filtx.filter_jit(classes[0](jnp.ones(1)))._boundary is states[0]  # wrapped again: kept
+    filtx.filter_jit(classes[3](jnp.ones(1)))
+    assert filtx.filter_jit(classes[0](jnp.ones(1)))._boundary is states[0]
+    assert filtx.filter_jit(classes[1](jnp.ones(1)))._boundary is not states[1]  # the least recent went

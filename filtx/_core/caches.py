@@ -34,6 +34,11 @@ def clear_caches() -> None:
     Wrapped functions keep working; their next call traces and compiles again.
     JAX's own caches are untouched (see `jax.clear_caches()`).
 
+    Nothing needs clearing to stay bounded: a function or object keeps the
+    compiled code of at most 64 sets of options (`MAX_SHARED_STATES`; a new
+    lambda as a spec or an axis is a new set), the least recently wrapped
+    dropped first, and Modules at most 64 states (`MAX_SHARED_STRUCTURES`).
+
     **Arguments:** none.
 
     **Returns:** `None`.
@@ -94,9 +99,23 @@ class BoundedCache:
 _TABLE_LOCK = threading.Lock()
 _TABLE_ATTRIBUTE = "__filtx_shared__"
 
-# States shared by the instances of a pytree class (a Module): at most this many,
-# the oldest dropped first. They hold those instances' structure, never the instances.
+MAX_SHARED_STATES = 64
+"""How many compile states one function or object keeps: one per set of
+options its wrappers were made with (`shared_by_code`), the least recently
+wrapped dropped first past it. Each holds what its wrappers compiled (about
+1.4 MiB of XLA's CPU code per program, for a one-line function), so inline
+wrappers with fresh options (a new lambda as a spec or an axis at every step)
+leave at most about 90 MiB of programs reachable per function; what is
+dropped goes when the garbage collector runs. A program wraps one function
+with a handful of distinct options, far below the bound. A wrapper that is
+kept keeps its state; one made again after its options went compiles again.
+Why 64, against `jax.jit`'s bounds: `_core/README.md`, "Where compile state
+lives"."""
+
 MAX_SHARED_STRUCTURES = 64
+"""How many compile states the instances of pytree classes (Modules) keep in
+`_STRUCTURES`, all classes together; past it, the least recently wrapped goes
+first. They hold those instances' structure, never the instances."""
 
 
 class _Unshared(threading.local):
@@ -216,7 +235,9 @@ def shared_by_code(fun: Any, key: Any, make: Callable[[], Any]) -> Any:
     """The object `make()` built for `key` and `fun`'s code, shared by every
     wrapper of `fun` whose `key` is equal; kept where `state_holder(fun)` says,
     so that it lives and dies with what it compiled (a dropped lambda, object
-    or instance releases its compiled entries and what it held). A fresh one
+    or instance releases its compiled entries and what it held). At most
+    `MAX_SHARED_STATES` keys per function or object (`MAX_SHARED_STRUCTURES`
+    for Modules), the least recently wrapped dropped first. A fresh one
     when `key` is unhashable or there is nowhere to keep it."""
     if _unshared.depth:
         return make()
@@ -229,12 +250,24 @@ def shared_by_code(fun: Any, key: Any, make: Callable[[], Any]) -> Any:
     if holder is None:
         return make()
     if holder is _STRUCTURES:
-        return _STRUCTURES.get_or_build(key, make)
+        with _STRUCTURES.lock:
+            return _least_recent_out(_STRUCTURES.items, key, make, _STRUCTURES.limit)
     with _TABLE_LOCK:
-        table = _table(holder)
-        found = table.get(key)
-        if found is None:
-            found = table[key] = make()
+        return _least_recent_out(_table(holder), key, make, MAX_SHARED_STATES)
+
+
+def _least_recent_out(states: dict, key: Any, make: Callable[[], Any], limit: int) -> Any:
+    """`states[key]`, made by `make()` where there is none, and moved last: the
+    dict's order is its use, least recent first, and past `limit` the least
+    recent go. Run when a wrapper is made, never per call (a call reaches its
+    state through its wrapper), so a call pays nothing for the order. The
+    caller holds the lock."""
+    found = states.pop(key, None)
+    if found is None:
+        found = make()
+        while len(states) >= limit:
+            del states[next(iter(states))]
+    states[key] = found
     return found
 
 
