@@ -14,10 +14,14 @@ size hold?
   memory above the same process's after 20 steps at a small size, beside the
   prediction's rise (no target: CPU has no allocator statistics).
 - GPU (`--gpu`; 4 GiB limit, not the device's own): the search with
-  `verify_steps=20` (the allocator's peak over a real loop at each mode's
-  size, at most the limit and within 5 % of the prediction), and at the first
-  size that does not fit a real loop in a subprocess (so running out of memory
-  ends only that), whose peak should be over the limit.
+  `verify_steps=20` (the allocator's peak over the user's loop at each mode's
+  size: `max_in_flight=1`, batches `device_put` from host NumPy one ahead; at
+  most the limit and within 5 % of the prediction), and, for the non-donating
+  rows, the same loop with no bound and no wait in a subprocess: what a loop
+  that never waits risks at the size printed.
+- `--run-ahead`: a non-donating loop of about 30 ms steps that never waits,
+  12 calls: the most earlier calls still unfinished after a dispatch, without
+  `max_in_flight` and with `max_in_flight=k` for k = 0, 1, 2.
 
 Run:
 
@@ -77,8 +81,9 @@ def independent_peak(mode: str, axis: str, n: int) -> int:
     """The loop's peak at `n`, computed here from `memory_analysis()` alone, as
     the donation guide states it: XLA's figure for the step (the heap peak on
     a GPU, arguments + outputs - aliased + temporaries on CPU), plus, for the
-    one step a loop dispatches ahead, the model and optimiser state not taken
-    by a donated buffer."""
+    one call a loop keeps in flight (`max_in_flight=1`), the model and
+    optimiser state not taken by a donated buffer and a batch, plus the batch
+    put ahead."""
     import jax
     import numpy as np
 
@@ -89,8 +94,8 @@ def independent_peak(mode: str, axis: str, n: int) -> int:
     nbytes = lambda tree: sum(math.prod(l.shape) * np.dtype(l.dtype).itemsize for l in jax.tree_util.tree_leaves(tree) if isinstance(l, jax.ShapeDtypeStruct))  # noqa: E731
     on_cpu = jax.default_backend() == "cpu"
     step = (a.argument_size_in_bytes + a.output_size_in_bytes - a.alias_size_in_bytes + a.temp_size_in_bytes) if on_cpu else a.peak_memory_in_bytes
-    state = nbytes((model, opt_state))
-    return int(step + max(0, state - a.alias_size_in_bytes))
+    state, batch = nbytes((model, opt_state)), nbytes((x, y))
+    return int(step + max(0, state - a.alias_size_in_bytes) + 2 * batch)
 
 
 def search(axes: list[str], limit: int, verify: bool) -> list[dict]:
@@ -114,30 +119,32 @@ def search(axes: list[str], limit: int, verify: bool) -> list[dict]:
     return rows
 
 
-def _one_loop(axis: str, mode: str, n: int, small: int, steps: int, limit: int) -> dict:
+def _one_loop(axis: str, mode: str, n: int, small: int, steps: int, limit: int, bounded: bool = True) -> dict:
     """In this process (a fresh one): `steps` fed-back steps at `small`, then at
-    `n`, each with a new batch per step, waiting for the step before the last
-    (one ahead, as `compare_capacity` predicts); the peak resident memory after
-    each (CPU) or the allocator's own peak of the loop at `n`, compiled first
-    (a device with statistics)."""
+    `n`, as a user's loop runs: the step wrapped with `max_in_flight=1`
+    (`bounded`; else no bound and no wait at all), each batch put from host
+    NumPy one step ahead; the peak resident memory after each (CPU) or the
+    allocator's own peak of the loop at `n`, compiled first (a device with
+    statistics)."""
     import jax
     import jax.numpy as jnp
+    import numpy as np
 
     from filtx._tools.compare.memory import OwnPeak, device_memory
 
     filtx, make_args, adam_step = _setup()
-    step = filtx.filter_jit(adam_step, donate=mode)
+    step = filtx.filter_jit(adam_step, donate=mode, max_in_flight=1 if bounded else None)
 
     def loop(size):
         (model, opt_state, x, y), _ = make_args(axis)(size)
         zeros = lambda tree: jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype) if isinstance(s, jax.ShapeDtypeStruct) else s, tree)  # noqa: E731
         model, opt_state = zeros(model), zeros(opt_state)
-        losses = []
+        host = (np.zeros(x.shape, x.dtype), np.zeros(y.shape, y.dtype))
+        batch = jax.device_put(host)
         for _ in range(steps):
-            model, opt_state, loss = step(model, opt_state, zeros(x), zeros(y))
-            losses.append(loss)
-            if len(losses) > 1:
-                jax.block_until_ready(losses.pop(0))  # one step ahead: the previous step's loss read
+            following = jax.device_put(host)  # the next batch, put while this step runs
+            model, opt_state, loss = step(model, opt_state, *batch)
+            batch = following
         jax.block_until_ready(loss)
 
     out = {"axis": axis, "mode": mode, "n": n, "small": small, "steps": steps}
@@ -159,10 +166,11 @@ def real_loops(rows: list[dict], which: str, limit: int, timeout: float) -> list
     its first size over the limit (`which="over"`)."""
     found = []
     for row in rows:
-        n = row.get(which)
-        if n is None:
+        n = row.get("n" if which == "unbounded" else which)
+        if n is None or which == "unbounded" and not row.get("state_bytes"):
             continue
-        command = [sys.executable, __file__, "--loop", json.dumps([row["axis"], row["modes"][0], n, 8, 20, limit])]
+        bounded = which != "unbounded"
+        command = [sys.executable, __file__, "--loop", json.dumps([row["axis"], row["modes"][0], n, 8, 20, limit, bounded])]
         t0 = time.perf_counter()
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
@@ -170,7 +178,7 @@ def real_loops(rows: list[dict], which: str, limit: int, timeout: float) -> list
             result = json.loads(last) if last.startswith("{") else {"error": (done.stderr or "")[-800:]}
         except subprocess.TimeoutExpired:
             result = {"error": f"over {timeout} s"}
-        result.update(which=which, seconds=time.perf_counter() - t0, predicted=row["peak_bytes"] if which == "n" else row["over_peak_bytes"])
+        result.update(which=which, seconds=time.perf_counter() - t0, predicted=row["over_peak_bytes"] if which == "over" else row["peak_bytes"])
         if which == "n" and "rss_n" in result:
             small = independent_peak(row["modes"][0], row["axis"], 8)
             result["predicted_rise"] = result["predicted"] - small
@@ -178,6 +186,38 @@ def real_loops(rows: list[dict], which: str, limit: int, timeout: float) -> list
         print(json.dumps(result), flush=True)
         found.append(result)
     return found
+
+
+def run_ahead(calls: int = 12) -> None:
+    """A non-donating loop of about 30 ms steps that never waits: after each
+    dispatch, how many earlier calls are unfinished, without `max_in_flight`
+    and with k = 0, 1, 2; and the host time a dispatch takes."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import filtx
+
+    def step(w, x):
+        for _ in range(8):
+            w = jnp.tanh(w @ w) * 0.5 + x.mean()
+        return w, jnp.sum(w)
+
+    for k in (None, 0, 1, 2):
+        wrapped = filtx.filter_jit(step, max_in_flight=k)
+        w = wrapped(jnp.ones((448, 448)) * 0.01, jnp.ones(4))[0]
+        jax.block_until_ready(w)
+        outs, most, t0 = [], 0, time.perf_counter()
+        for _ in range(calls):
+            out = wrapped(w, jax.device_put(np.ones(4, np.float32)))
+            most = max(most, sum(not all(x.is_ready() for x in o) for o in outs))
+            outs.append(out)
+            w = out[0]
+        host = time.perf_counter() - t0
+        jax.block_until_ready(w)
+        total = time.perf_counter() - t0
+        print(json.dumps({"max_in_flight": k, "calls": calls, "most_unfinished": most,
+                          "ms_per_step": 1e3 * total / calls, "host_ms": 1e3 * host}), flush=True)
 
 
 def main() -> None:
@@ -188,11 +228,14 @@ def main() -> None:
     parser.add_argument("--json", default=None)
     parser.add_argument("--no-loops", action="store_true", help="the search and its check only")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per real-loop process")
+    parser.add_argument("--run-ahead", action="store_true", help="unfinished calls with and without max_in_flight")
     parser.add_argument("--loop", default=None, help=argparse.SUPPRESS)
     options = parser.parse_args()
     if options.loop is not None:
-        axis, mode, n, small, steps, limit = json.loads(options.loop)
-        print(json.dumps(_one_loop(axis, mode, n, small, steps, limit)), flush=True)
+        print(json.dumps(_one_loop(*json.loads(options.loop))), flush=True)
+        return
+    if options.run_ahead:
+        run_ahead()
         return
     limit = int((options.limit_gib or (4 if options.gpu else 2)) * GIB)
     import jax
@@ -201,7 +244,7 @@ def main() -> None:
     rows = search(options.axes.split(","), limit, verify=options.gpu)
     loops = []
     if not options.no_loops:  # on a GPU the search's own verification ran the loops at n (verify_steps=20)
-        loops = real_loops(rows, "over", limit, options.timeout) if options.gpu else real_loops(rows, "n", limit, options.timeout)
+        loops = real_loops(rows, "unbounded", limit, options.timeout) if options.gpu else real_loops(rows, "n", limit, options.timeout)
     summary = {"jax": jax.__version__, "device": jax.devices()[0].device_kind, "limit": limit, "rows": rows, "loops": loops}
     for row in rows:
         if row["n"] is None:

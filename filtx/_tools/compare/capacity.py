@@ -595,21 +595,35 @@ class _HostBatches:
     """A loop's batches as users feed them: the arguments no output feeds,
     made once in host memory (NumPy zeros of each leaf's shape and dtype) and
     put on the device (`jax.device_put`, placed by the leaf's sharding where it
-    has one) for every step."""
+    has one) for every step. Only the positional arguments that hold a batch
+    leaf are made again; the others (the model and state the step returned)
+    are passed as the objects they are, as a loop passes them."""
 
     def __init__(self, args0: tuple, mask: list):
-        leaves, self.treedef = jax.tree_util.tree_flatten(args0)
-        self.mask = mask
-        self.host = [None if m or not array_like(x) else np.zeros(x.shape, x.dtype) for x, m in zip(leaves, mask)]
-        self.placement = [getattr(x, "sharding", None) if isinstance(x, (jax.ShapeDtypeStruct, jax.Array)) else None
-                          for x in leaves]
+        self.pieces = []  # per positional argument: (treedef, [(host array or None, placement)]) or None
+        at = 0
+        for arg in args0:
+            leaves, treedef = jax.tree_util.tree_flatten(arg)
+            marks = mask[at:at + len(leaves)]
+            at += len(leaves)
+            made = [(None if m or not array_like(x) else np.zeros(x.shape, x.dtype),
+                     getattr(x, "sharding", None) if isinstance(x, (jax.ShapeDtypeStruct, jax.Array)) else None)
+                    for x, m in zip(leaves, marks)]
+            self.pieces.append((treedef, made) if any(h is not None for h, _ in made) else None)
 
     def put(self) -> list:
-        return [None if h is None else jax.device_put(h, p) for h, p in zip(self.host, self.placement)]
+        return [None if piece is None else [None if h is None else jax.device_put(h, p) for h, p in piece[1]]
+                for piece in self.pieces]
 
     def args(self, args: tuple, batch: list) -> tuple:
-        leaves = jax.tree_util.tree_leaves(args)
-        return self.treedef.unflatten([x if b is None else b for x, b in zip(leaves, batch)])
+        out = []
+        for arg, piece, put in zip(args, self.pieces, batch):
+            if piece is None:
+                out.append(arg)
+                continue
+            leaves = jax.tree_util.tree_leaves(arg)
+            out.append(piece[0].unflatten([x if b is None else b for x, b in zip(leaves, put)]))
+        return tuple(out)
 
 
 def _renewed(tree: Any, template: Any) -> Any:
