@@ -91,7 +91,15 @@ def test_the_demo_says_what_fits_per_mode(quick_run):
     assert list(rows) == ["none", "arrays / warn"]
     none, donated = rows["none"], rows["arrays / warn"]
     assert int(none["n"]) % 128 == 0 and int(donated["n"]) > 1.3 * int(none["n"])
-    assert float(donated["x none"]) > 1.3 and donated["in flight"] == "0 B"
+    assert float(donated["x none"]) > 1.3
+    # in flight: donating, the batches alone (one for the call still running, one put ahead); not
+    # donating, a state of the model and its optimiser as well
+    assert 0 < as_bytes(donated["in flight"]) < as_bytes(none["in flight"]) / 10
+
+
+def as_bytes(text):
+    value, unit = text.split()
+    return float(value) * {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}[unit]
 
 
 def test_final_losses_are_finite_and_identical_across_modes(quick_run):
