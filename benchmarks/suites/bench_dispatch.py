@@ -138,10 +138,7 @@ def warm_call(variant: str, size: int, output: str):
         return eqx.filter_jit(fun), (model,)
     if variant == "jax.jit-params":
         params, static = eqx.partition(model, eqx.is_array)
-        return (
-            jax.jit(lambda p: eqx.filter(fun(eqx.combine(p, static)), eqx.is_array)),
-            (params,),
-        )
+        return (jax.jit(lambda p: eqx.filter(fun(eqx.combine(p, static)), eqx.is_array)), (params,))
     if variant == "jax.jit-leaves":
         leaves = [x for x in jax.tree_util.tree_leaves(model) if eqx.is_array(x)]
         if output == "one-leaf":
@@ -154,10 +151,8 @@ def _arrays(tree):
     return [np.asarray(x) for x in jax.tree_util.tree_leaves(tree) if eqx.is_array(x)]
 
 
-WARM_CASES = [
-    *[(n, s, "one-leaf", v) for n in SIZES for s in SYNCS for v in WARM_VARIANTS],
-    *[(n, "blocking", "whole-model", v) for n in SIZES for v in WARM_VARIANTS],
-]
+WARM_CASES = [*[(n, s, "one-leaf", v) for n in SIZES for s in SYNCS for v in WARM_VARIANTS],
+              *[(n, "blocking", "whole-model", v) for n in SIZES for v in WARM_VARIANTS]]
 
 
 @pytest.mark.parametrize("size, sync, output, variant", WARM_CASES)
@@ -178,14 +173,8 @@ def test_warm_call(benchmark, smoke, size, sync, output, variant):
     else:
         call = lambda: fn(*args)  # noqa: E731
     arrays, leaves = models.count_leaves(model)
-    ratios.measure(
-        benchmark,
-        call,
-        suite=SUITE,
-        group=warm_group(sync, size, output),
-        variant=variant,
-        baseline=WARM_BASELINE,
-        params={"arrays": arrays, "leaves": leaves, "sync": sync, "output": output},
+    ratios.measure(benchmark, call, suite=SUITE, group=warm_group(sync, size, output), variant=variant,
+                   baseline=WARM_BASELINE, params={"arrays": arrays, "leaves": leaves, "sync": sync, "output": output}
     )
     jax.block_until_ready(fn(*args))  # leave no work queued for the next test
 
@@ -309,14 +298,8 @@ def test_train_loop(benchmark, smoke, leaves, variant, adam):
         group=train_group(leaves, adam),
         variant=variant,
         baseline=TRAIN_BASELINE,
-        params={
-            "steps": steps,
-            "batch": TRAIN_BATCH,
-            "parameters": models.count_params(model),
-            "arrays": models.count_leaves(model)[0],
-            "donate": True,
-            "optimiser": "adam" if adam else "sgd",
-        },
+        params={"steps": steps, "batch": TRAIN_BATCH, "parameters": models.count_params(model),
+                "arrays": models.count_leaves(model)[0], "donate": True, "optimiser": "adam" if adam else "sgd"},
         unit="step",
         per=steps,
     )
@@ -496,14 +479,12 @@ def test_model_sizes():
 # The targets of the dispatch issue: (group, variant, over, at most, statistic).
 # On the minimum: noise on a shared machine only ever adds time, and a burst of
 # load during one variant's test moves its median but hardly its minimum.
-TARGETS = [
-    *[(warm_group("blocking", n), "filtx", WARM_BASELINE, 1.2, "min") for n in SIZES],
-    *[(warm_group("blocking", n), "filtx", "eqx", 1.0, "min") for n in SIZES],
-    (TRAIN_GROUP, "filtx", "eqx", 1.0, "min"),
-    *[(leafy_group(n), "filtx", TRAIN_BASELINE, 1.1, "min") for n in LEAFY_TRAIN],
-    *[(adam_group(n), "filtx", TRAIN_BASELINE, 1.1, "min") for n in ADAM_LEAVES],
-    *[(inference_group(n), "filtx", TRAIN_BASELINE, 0.4, "min") for n in INFER_SIZES],
-]
+TARGETS = [*[(warm_group("blocking", n), "filtx", WARM_BASELINE, 1.2, "min") for n in SIZES],
+           *[(warm_group("blocking", n), "filtx", "eqx", 1.0, "min") for n in SIZES],
+           (TRAIN_GROUP, "filtx", "eqx", 1.0, "min"),
+           *[(leafy_group(n), "filtx", TRAIN_BASELINE, 1.1, "min") for n in LEAFY_TRAIN],
+           *[(adam_group(n), "filtx", TRAIN_BASELINE, 1.1, "min") for n in ADAM_LEAVES],
+           *[(inference_group(n), "filtx", TRAIN_BASELINE, 0.4, "min") for n in INFER_SIZES]]
 
 
 def test_targets(request):

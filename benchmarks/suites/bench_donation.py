@@ -165,27 +165,13 @@ def worker(mode: str, optimiser_name: str, mb: float, steps: int, depth: int = D
     unusable = sum(UNUSABLE_DONATION_WARNING in str(w.message) for w in caught)
     peak = measure.peak_mb(device)
     param_mb = params * 4 / 2**20
-    return {
-        "mode": mode,
-        "optimiser": optimiser_name,
-        "backend": jax.default_backend(),
-        "memory": "device peak_bytes_in_use" if device.platform != "cpu" else "ru_maxrss",
-        "width": width,
-        "depth": depth,
-        "parameters": params,
-        "param_mb": param_mb,
-        "limit_mb": param_mb * (1 + state_multiple(optimiser_name)),
-        "steps": steps,
-        "first_step_s": times[0],
-        "median_s": statistics.median(times[1:]),
-        "min_s": min(times[1:]),
-        "base_mb": base,
-        "peak_mb": peak,
-        "increase_mb": peak - base,
-        "final_loss": loss,
-        "finite": bool(np.isfinite(loss)),
-        "donation_warnings": unusable,
-    }
+    return {"mode": mode, "optimiser": optimiser_name, "backend": jax.default_backend(),
+            "memory": "device peak_bytes_in_use" if device.platform != "cpu" else "ru_maxrss", "width": width,
+            "depth": depth, "parameters": params, "param_mb": param_mb,
+            "limit_mb": param_mb * (1 + state_multiple(optimiser_name)), "steps": steps, "first_step_s": times[0],
+            "median_s": statistics.median(times[1:]), "min_s": min(times[1:]), "base_mb": base, "peak_mb": peak,
+            "increase_mb": peak - base, "final_loss": loss, "finite": bool(np.isfinite(loss)),
+            "donation_warnings": unusable}
 
 
 #

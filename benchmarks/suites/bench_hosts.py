@@ -94,11 +94,10 @@ def summarise(times: dict, failed: dict, leaves: int, plan: dict) -> dict:
                                   "ratio_min": None, "round_ratios": None, "rounds": 0}
                 continue
             t = np.asarray(times[name])
-            variants[name] = {
-                "median_s": float(np.median(t)), "min_s": float(t.min()), "rounds": len(t),
-                "ratio": float(np.median(t) / np.median(base)), "ratio_min": float(t.min() / base.min()),
-                "round_ratios": [float(q) for q in np.percentile(t / base, [25, 50, 75])],
-            }
+            variants[name] = {"median_s": float(np.median(t)), "min_s": float(t.min()), "rounds": len(t),
+                              "ratio": float(np.median(t) / np.median(base)),
+                              "ratio_min": float(t.min() / base.min()),
+                              "round_ratios": [float(q) for q in np.percentile(t / base, [25, 50, 75])]}
         groups[f"{prefix}/{leaves}"] = {
             "suite": "hosts", "baseline": baseline, "unit": "step", "variants": variants,
             "params": {"arrays": leaves, "processes": jax.process_count(), "devices": jax.device_count(),

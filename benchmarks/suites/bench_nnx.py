@@ -88,10 +88,7 @@ def dict_params(model: TiedMLP) -> dict:
     layers = []
     for layer in model.layers:
         if id(layer) not in converted:
-            converted[id(layer)] = {
-                "w": jnp.array(layer.kernel[...]),
-                "b": jnp.array(layer.bias[...]),
-            }
+            converted[id(layer)] = {"w": jnp.array(layer.kernel[...]), "b": jnp.array(layer.bias[...])}
         layers.append(converted[id(layer)])
     return {"layers": layers}
 
@@ -175,13 +172,6 @@ def test_tied_step(benchmark, variant, width):
     if variant == "filtx share=True":
         layers = run.state[0]["layers"]
         assert layers[1]["w"] is layers[2]["w"] and layers[1]["b"] is layers[2]["b"]
-    ratios.measure(
-        benchmark,
-        run,
-        suite=SUITE,
-        group=group(width),
-        variant=variant,
-        baseline=BASELINE,
-        params={"width": width, "batch": BATCH, "layers": 4, "tied": "layers[1] is layers[2]"},
-        unit="step",
+    ratios.measure(benchmark, run, suite=SUITE, group=group(width), variant=variant, baseline=BASELINE,
+                   params={"width": width, "batch": BATCH, "layers": 4, "tied": "layers[1] is layers[2]"}, unit="step"
     )

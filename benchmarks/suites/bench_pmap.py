@@ -117,15 +117,9 @@ def test_warm_call(benchmark, variant):
         out = jax.block_until_ready(fn(arg))
     np.testing.assert_allclose(np.asarray(out), expected())
     arrays, leaves = models.count_leaves(replicated()[0])
-    ratios.measure(
-        benchmark,
-        lambda: jax.block_until_ready(fn(arg)),
-        suite=SUITE,
-        group=WARM_GROUP,
-        variant=variant,
-        baseline=WARM_BASELINE,
-        params={"arrays": arrays, "leaves": leaves, "devices": DEVICES, "sync": "blocking"},
-    )
+    ratios.measure(benchmark, lambda: jax.block_until_ready(fn(arg)), suite=SUITE, group=WARM_GROUP, variant=variant,
+                   baseline=WARM_BASELINE,
+                   params={"arrays": arrays, "leaves": leaves, "devices": DEVICES, "sync": "blocking"})
 
 
 def first_call(variant: str):
@@ -154,15 +148,8 @@ def first_call_case(variant) -> interleave.Case:
 @interleave.round_robin(group=FIRST_GROUP, prepare=first_call_case)
 @pytest.mark.parametrize("variant", FIRST_VARIANTS)
 def test_first_call(benchmark, variant):
-    out = interleave.measure(
-        benchmark,
-        suite=SUITE,
-        group=FIRST_GROUP,
-        variant=variant,
-        baseline=FIRST_BASELINE,
-        params={"arrays": SIZE, "devices": DEVICES},
-        unit="first call",
-    )
+    out = interleave.measure(benchmark, suite=SUITE, group=FIRST_GROUP, variant=variant, baseline=FIRST_BASELINE,
+                             params={"arrays": SIZE, "devices": DEVICES}, unit="first call")
     np.testing.assert_allclose(np.asarray(out), expected())
 
 
@@ -206,11 +193,9 @@ def step_case(row: str, smoke: bool, variant: str) -> interleave.Case:
 
 
 def time_steps(benchmark, smoke, group, variant, baseline):
-    out = interleave.measure(
-        benchmark, suite=SUITE, group=group, variant=variant, baseline=baseline,
-        params={"arrays": STEP_SMOKE_SIZE if smoke else STEP_SIZE, "devices": DEVICES},
-        unit="step", per=1 if smoke else STEPS,
-    )
+    out = interleave.measure(benchmark, suite=SUITE, group=group, variant=variant, baseline=baseline,
+                             params={"arrays": STEP_SMOKE_SIZE if smoke else STEP_SIZE, "devices": DEVICES},
+                             unit="step", per=1 if smoke else STEPS)
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree_util.tree_leaves(out) if eqx.is_array(x))
 
 
@@ -226,17 +211,12 @@ def test_shard_map_step(benchmark, smoke, variant):
     time_steps(benchmark, smoke, MAP_GROUP, variant, "floor-donating")
 
 
-TARGETS = [
-    (WARM_GROUP, "filtx", WARM_BASELINE, 1.2),
-    (WARM_GROUP, "filtx", "eqx", 0.25),
-    (FIRST_GROUP, "filtx", FIRST_BASELINE, 1.1),
-    (FIRST_GROUP, "filtx-callable-out_axes", FIRST_BASELINE, 1.1),
-    (FIRST_GROUP, "filtx", "eqx", 1.0),
-    (SGD_GROUP, "filter_pmap-arrays", "floor-donating", 1.02),
-    (SGD_GROUP, "filter_pmap-none", "floor", 1.02),
-    (SGD_GROUP, "filter_pmap-arrays", "filter_pmap-none", 1.02),
-    (MAP_GROUP, "filter_jit-shard_map-arrays", "floor-donating", 1.02),
-]
+TARGETS = [(WARM_GROUP, "filtx", WARM_BASELINE, 1.2), (WARM_GROUP, "filtx", "eqx", 0.25),
+           (FIRST_GROUP, "filtx", FIRST_BASELINE, 1.1), (FIRST_GROUP, "filtx-callable-out_axes", FIRST_BASELINE, 1.1),
+           (FIRST_GROUP, "filtx", "eqx", 1.0), (SGD_GROUP, "filter_pmap-arrays", "floor-donating", 1.02),
+           (SGD_GROUP, "filter_pmap-none", "floor", 1.02),
+           (SGD_GROUP, "filter_pmap-arrays", "filter_pmap-none", 1.02),
+           (MAP_GROUP, "filter_jit-shard_map-arrays", "floor-donating", 1.02)]
 
 
 def test_targets(request):

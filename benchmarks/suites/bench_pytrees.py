@@ -241,9 +241,8 @@ def flat_case(smoke, variant) -> interleave.Case:
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_flat_dict(benchmark, smoke, variant):
     steps = 1 if smoke else FLAT_STEPS
-    (out,) = interleave.measure(
-        benchmark, suite=SUITE, group=FLAT_GROUP, variant=variant, baseline=BASELINE,
-        params={"leaves": FLAT_LEAVES, "steps": steps, "donate": True}, unit="step", per=steps,
+    (out,) = interleave.measure(benchmark, suite=SUITE, group=FLAT_GROUP, variant=variant, baseline=BASELINE,
+                                params={"leaves": FLAT_LEAVES, "steps": steps, "donate": True}, unit="step", per=steps
     )
     np.testing.assert_allclose(np.asarray(out["x3"]), 3.0 * 0.999 ** steps, rtol=1e-5)
 
@@ -268,13 +267,10 @@ def test_list_batch(benchmark, smoke, variant):
     assert not any(x.is_deleted() for x in _batch())
 
 
-TARGETS = [
-    (adam_group(10, "donate"), "filtx", BASELINE, 1.10),
-    (adam_group(10, "none"), "filtx", BASELINE, 1.10),
-    *[(adam_group(n, m), "filtx", BASELINE, 1.05) for n in ADAM_LEAVES[1:] for m in MODES],
-    (FLAT_GROUP, "filtx", BASELINE, 1.05),
-    *[(adam_group(n, m), "filtx", "eqx", 1.0) for n in ADAM_LEAVES for m in MODES],
-]
+TARGETS = [(adam_group(10, "donate"), "filtx", BASELINE, 1.10), (adam_group(10, "none"), "filtx", BASELINE, 1.10),
+           *[(adam_group(n, m), "filtx", BASELINE, 1.05) for n in ADAM_LEAVES[1:] for m in MODES],
+           (FLAT_GROUP, "filtx", BASELINE, 1.05),
+           *[(adam_group(n, m), "filtx", "eqx", 1.0) for n in ADAM_LEAVES for m in MODES]]
 
 
 def test_targets(request):

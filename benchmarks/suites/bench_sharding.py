@@ -141,10 +141,8 @@ def dp_variant(variant: str, smoke: bool, spec=P()):
                 new, opt_state, loss = split_step(loss_model, opt_state, x, y)
                 return new, opt_state, loss
 
-        step = filtx.filter_jit(
-            train_step, donate="arrays", mesh=m,
-            in_shardings={"x": P("data"), "y": P("data")}, out_shardings=(spec, spec, P()),
-        )
+        step = filtx.filter_jit(train_step, donate="arrays", mesh=m, in_shardings={"x": P("data"), "y": P("data")},
+                                out_shardings=(spec, spec, P()))
         return step, (model, opt_state)
     if variant == "eqx":
         m = mesh(AxisType.Auto)  # eqx.filter_shard constrains: JAX refuses that on Explicit axes
@@ -201,10 +199,8 @@ def loop_case(step, state, smoke: bool) -> interleave.Case:
 
 def time_loop(benchmark, smoke, group, variant, baseline, params):
     steps = SMOKE_STEPS if smoke else STEPS
-    _, loss = interleave.measure(
-        benchmark, suite=SUITE, group=group, variant=variant, baseline=baseline,
-        params=params, unit="step", per=steps,
-    )
+    _, loss = interleave.measure(benchmark, suite=SUITE, group=group, variant=variant, baseline=baseline,
+                                 params=params, unit="step", per=steps)
     assert np.isfinite(float(loss))
 
 
@@ -245,10 +241,8 @@ def first_call_case(smoke, variant) -> interleave.Case:
 @interleave.round_robin(group=FIRST_GROUP, prepare=first_call_case)
 @pytest.mark.parametrize("variant", DP_VARIANTS)
 def test_data_parallel_first_call(benchmark, smoke, variant):
-    _, loss = interleave.measure(
-        benchmark, suite=SUITE, group=FIRST_GROUP, variant=variant, baseline=BASELINE,
-        params={"devices": len(jax.devices())}, unit="first call",
-    )
+    _, loss = interleave.measure(benchmark, suite=SUITE, group=FIRST_GROUP, variant=variant, baseline=BASELINE,
+                                 params={"devices": len(jax.devices())}, unit="first call")
     assert np.isfinite(float(loss))
 
 
@@ -307,21 +301,15 @@ def test_fsdp_against_replicated(benchmark, smoke, variant):
     replicated = bytes_per_device(*dp_variant("filtx", smoke, spec=P())[1])
     sharded = bytes_per_device(*dp_variant("filtx", smoke, spec=fsdp)[1])
     assert sharded < replicated / 4  # about 1/8 on 8 devices (small leaves stay replicated)
-    time_loop(benchmark, smoke, FSDP_GROUP, variant, "replicated", {
-        "devices": len(jax.devices()),
-        "bytes_per_device_replicated": replicated,
-        "bytes_per_device_fsdp": sharded,
-        "fsdp_fraction": round(sharded / replicated, 4),
-    })
+    time_loop(benchmark, smoke, FSDP_GROUP, variant, "replicated", {"devices": len(jax.devices()),
+                                                                    "bytes_per_device_replicated": replicated,
+                                                                    "bytes_per_device_fsdp": sharded,
+                                                                    "fsdp_fraction": round(sharded / replicated, 4)})
 
 
-TARGETS = [
-    (DP_GROUP, "filtx", BASELINE, 1.1, "min"),
-    (DP_GROUP, "filtx", "eqx", 1.0, "min"),
-    (DP_GROUP, "filtx", "nnx.jit", 1.0, "min"),
-    (FIRST_GROUP, "filtx", BASELINE, 1.0, "min"),
-    (MAP_GROUP, "filtx", BASELINE, 1.1, "min"),
-]
+TARGETS = [(DP_GROUP, "filtx", BASELINE, 1.1, "min"), (DP_GROUP, "filtx", "eqx", 1.0, "min"),
+           (DP_GROUP, "filtx", "nnx.jit", 1.0, "min"), (FIRST_GROUP, "filtx", BASELINE, 1.0, "min"),
+           (MAP_GROUP, "filtx", BASELINE, 1.1, "min")]
 
 
 def test_targets(request):

@@ -131,13 +131,7 @@ def probe(variant: str, mb: int) -> dict:
     out = jax.block_until_ready(fn(*args))
     after = _maxrss_kib()
     check_tied_output(variant, out, x)
-    return {
-        "variant": variant,
-        "mb": mb,
-        "before_kib": before,
-        "after_kib": after,
-        "increase_kib": after - before,
-    }
+    return {"variant": variant, "mb": mb, "before_kib": before, "after_kib": after, "increase_kib": after - before}
 
 
 def run_probes(variants, mb: int) -> list[dict]:
@@ -174,14 +168,8 @@ def tied_case(smoke, variant) -> interleave.Case:
 @pytest.mark.parametrize("variant", TIED_VARIANTS)
 def test_tied(benchmark, smoke, variant):
     mb = SMOKE_MB if smoke else TIED_MB
-    out = interleave.measure(
-        benchmark,
-        suite=SUITE,
-        group=TIED_GROUP,
-        variant=variant,
-        baseline=TIED_BASELINE,
-        params={"mb": mb, "references": REFS},
-    )
+    out = interleave.measure(benchmark, suite=SUITE, group=TIED_GROUP, variant=variant, baseline=TIED_BASELINE,
+                             params={"mb": mb, "references": REFS})
     check_tied_output(variant, out, tied_array_head(mb))
     del out
 
@@ -195,15 +183,9 @@ def test_no_sharing(benchmark, variant, size):
         out = jax.block_until_ready(fn(model))
     np.testing.assert_allclose(np.asarray(out), np.asarray(model.layers[0].weight) + 1)
     arrays, leaves = models.count_leaves(model)
-    ratios.measure(
-        benchmark,
-        lambda: jax.block_until_ready(fn(model)),
-        suite=SUITE,
-        group=f"{SUITE}/no-sharing/{size}",
-        variant=variant,
-        baseline=NO_SHARING_BASELINE,
-        params={"arrays": arrays, "leaves": leaves, "sync": "blocking"},
-    )
+    ratios.measure(benchmark, lambda: jax.block_until_ready(fn(model)), suite=SUITE,
+                   group=f"{SUITE}/no-sharing/{size}", variant=variant, baseline=NO_SHARING_BASELINE,
+                   params={"arrays": arrays, "leaves": leaves, "sync": "blocking"})
 
 
 def test_tied_memory(request, smoke, capsys):
@@ -216,10 +198,8 @@ def test_tied_memory(request, smoke, capsys):
         return
     results = {r["variant"]: r for r in run_probes([(v,) for v in TIED_VARIANTS], TIED_MB)}
     base = results[TIED_BASELINE]
-    lines = [
-        f"{SUITE}/tied-{TIED_MB}MB-x{REFS} peak memory (each variant in its own process)",
-        f"  {'variant':<12} {'increase':>10} {'ratio':>7} {'peak':>10} {'ratio':>7}",
-    ]
+    lines = [f"{SUITE}/tied-{TIED_MB}MB-x{REFS} peak memory (each variant in its own process)",
+             f"  {'variant':<12} {'increase':>10} {'ratio':>7} {'peak':>10} {'ratio':>7}"]
     table = {}
     for variant in TIED_VARIANTS:
         r = results[variant]
@@ -243,10 +223,8 @@ def test_tied_memory(request, smoke, capsys):
         assert table["share=True"]["peak_ratio"] <= 1.3, table
 
 
-TARGETS = [
-    (TIED_GROUP, "share=True", TIED_BASELINE, 1.3),
-    *[(f"{SUITE}/no-sharing/{n}", "share=True", NO_SHARING_BASELINE, 1.1) for n in NO_SHARING_SIZES],
-]
+TARGETS = [(TIED_GROUP, "share=True", TIED_BASELINE, 1.3),
+           *[(f"{SUITE}/no-sharing/{n}", "share=True", NO_SHARING_BASELINE, 1.1) for n in NO_SHARING_SIZES]]
 
 
 def test_targets(request):

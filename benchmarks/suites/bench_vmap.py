@@ -120,15 +120,10 @@ def compile_case(variant, smoke) -> interleave.Case:
 @pytest.mark.parametrize("variant", COMPILE_VARIANTS)
 def test_jit_compile(benchmark, variant):
     params, _ = eqx.partition(ensemble(), eqx.is_array)
-    compiled = interleave.measure(
-        benchmark,
-        suite=SUITE,
-        group=COMPILE_GROUP,
-        variant=variant,
-        baseline=COMPILE_BASELINE,
-        params={"ensemble": ENSEMBLE, "batch": BATCH, "depth": DEPTH, "width": WIDTH},
-        unit="compile",
-    )
+    compiled = interleave.measure(benchmark, suite=SUITE, group=COMPILE_GROUP, variant=variant,
+                                  baseline=COMPILE_BASELINE,
+                                  params={"ensemble": ENSEMBLE, "batch": BATCH, "depth": DEPTH, "width": WIDTH},
+                                  unit="compile")
     np.testing.assert_allclose(
         np.asarray(compiled(params, batch())), expected(), rtol=1e-5, atol=1e-5
     )
@@ -154,22 +149,13 @@ def test_eager_warm(benchmark, variant):
     for _ in range(3):  # fill every cache (abstract evaluation, op-by-op compiles)
         out = jax.block_until_ready(fn(model, x))
     np.testing.assert_allclose(np.asarray(out), expected(), rtol=1e-5, atol=1e-5)
-    ratios.measure(
-        benchmark,
-        lambda: jax.block_until_ready(fn(model, x)),
-        suite=SUITE,
-        group=EAGER_GROUP,
-        variant=variant,
-        baseline=EAGER_BASELINE,
-        params={"ensemble": ENSEMBLE, "batch": BATCH, "depth": DEPTH, "width": WIDTH},
-    )
+    ratios.measure(benchmark, lambda: jax.block_until_ready(fn(model, x)), suite=SUITE, group=EAGER_GROUP,
+                   variant=variant, baseline=EAGER_BASELINE,
+                   params={"ensemble": ENSEMBLE, "batch": BATCH, "depth": DEPTH, "width": WIDTH})
 
 
-TARGETS = [
-    (COMPILE_GROUP, "filtx", COMPILE_BASELINE, 1.1),
-    (EAGER_GROUP, "filtx-callable", EAGER_BASELINE, 1.1),
-    (EAGER_GROUP, "filtx-callable", "eqx", 1.0),
-]
+TARGETS = [(COMPILE_GROUP, "filtx", COMPILE_BASELINE, 1.1), (EAGER_GROUP, "filtx-callable", EAGER_BASELINE, 1.1),
+           (EAGER_GROUP, "filtx-callable", "eqx", 1.0)]
 
 
 def test_targets(request):
