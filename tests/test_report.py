@@ -147,22 +147,3 @@ def test_step_parts_profile_runs_and_adds_up():
         # floor + build loop: bare ratios.
         for ratio, over in zip(row[-2:], ("floor + unflatten", "floor + build")):
             assert math.isclose(float(ratio), times["filtx"] / times[over], rel_tol=0.05, abs_tol=0.02)
-
-
-def test_gc_profile_runs():
-    """`python benchmarks/probes/gc_profile.py`: a row per variant and size, every figure
-    a number, the collections a count per step."""
-    done = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "benchmarks", "probes", "gc_profile.py"), "10", "--rounds", "1"],
-        capture_output=True, text=True, timeout=TIME_LIMIT_S, cwd=ROOT,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    lines = done.stdout.strip().splitlines()
-    assert lines[1].split(" | ")[:3] == ["array leaves", "variant", "step µs"]
-    rows = [line.split(" | ") for line in lines[2:]]
-    assert [row[1] for row in rows] == ["floor", "jax.jit", "filtx", "eqx"]
-    for row in rows:
-        assert row[0] == "10" and len(row) == 8, row
-        figures = [float(cell) for cell in row[2:]]
-        assert all(math.isfinite(f) and f >= 0 for f in figures), row
-        assert figures[0] > 0 and figures[3] > 0, row  # a step takes time, frozen or not

@@ -7,7 +7,7 @@ report (`benchmarks/report.py`); see `benchmarks/README.md`.
   tables and the JSON file.
 - `report_pages`, `report_plots`: the Markdown and the plots of the report.
 - `processes`, `hosts_steps`: worker processes on loopback (`jax.distributed`)
-  and the steps timed there (`hosts_parts.py`, `suites/bench_hosts.py`).
+  and the steps timed there (`suites/bench_hosts.py`).
 
 Peak memory and worker subprocesses come from `filtx.demo.measure`, which the
 demo shares. Importable once `benchmarks/` is on `sys.path`: `conftest.py`,

@@ -1,4 +1,4 @@
-"""The data-parallel steps `pmap_parts.py` and `suites/bench_pmap.py` time, with
+"""The data-parallel steps `suites/bench_pmap.py` times, with
 their floor (issue 27): each row's variants as `name -> (call, state)`, where
 `state = call(state)` is one step (the model fed back) and `state` is where
 the first step starts. The floor is the same computation as
@@ -33,41 +33,6 @@ def stacked(tree, n):
     return eqx.combine(jax.block_until_ready(jax.device_put(params, split)), static)
 
 
-def floor_of(per_leaves, leaves, specs, out_specs, mesh, donate: bool):
-    """The compiled `jax.jit(jax.shard_map(...))` of a function of the flat leaves."""
-    mapped = jax.shard_map(per_leaves, mesh=mesh, in_specs=specs, out_specs=out_specs, check_vma=False)
-    donate_argnums = tuple(range(len(leaves))) if donate else ()
-    return jax.jit(mapped, donate_argnums=donate_argnums).lower(*leaves).compile()
-
-
-def dispatch_row(n: int, size: int = SIZE) -> dict:
-    """name -> (call, state): `state = call(state)` is one blocking call."""
-    model = stacked(models.leafy_mlp(size), n)
-    params, static = eqx.partition(model, eqx.is_array)
-    leaves, treedef = jax.tree_util.tree_flatten(params)
-    mesh = Mesh(np.array(jax.devices()[:n]), (AXIS,))
-
-    def one_leaf(m):
-        return m.layers[0].weight + 1
-
-    def per_leaves(*xs):
-        m = eqx.combine(treedef.unflatten([x[0] for x in xs]), static)
-        return one_leaf(m)[None]
-
-    floor = floor_of(per_leaves, leaves, (P(AXIS),) * len(leaves), P(AXIS), mesh, False)
-    fpmap = filtx.filter_pmap(one_leaf)
-    jpmap = jax.pmap(lambda p: one_leaf(eqx.combine(p, static)))
-
-    def keep(call, arg):
-        return lambda s: (jax.block_until_ready(call(arg)), s)[1]
-
-    return {
-        "floor": (lambda s: (jax.block_until_ready(floor(*leaves)), s)[1], None),
-        "jax.pmap": (keep(jpmap, params), None),
-        "filter_pmap": (keep(fpmap, model), None),
-    }
-
-
 def sgd_step(model, x):
     loss, grads = eqx.filter_value_and_grad(lambda m, x: jnp.mean(jax.vmap(m)(x) ** 2))(model, x)
     grads = jax.lax.pmean(grads, AXIS)
@@ -88,7 +53,8 @@ def sgd_row(n: int, size: int = SIZE) -> dict:
 
     specs = (P(AXIS),) * (len(leaves) + 1)
     out_specs = [P(AXIS)] * len(leaves)
-    floor = floor_of(per_leaves, [x, *leaves], specs, out_specs, mesh, False)
+    floor = jax.jit(jax.shard_map(per_leaves, mesh=mesh, in_specs=specs, out_specs=out_specs, check_vma=False)
+                    ).lower(x, *leaves).compile()
     floor_donating = jax.jit(
         jax.shard_map(per_leaves, mesh=mesh, in_specs=specs, out_specs=out_specs, check_vma=False),
         donate_argnums=tuple(range(1, len(leaves) + 1)),

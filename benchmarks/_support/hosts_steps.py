@@ -1,7 +1,7 @@
-"""The steps timed under several processes (`hosts_parts.py`,
-`suites/bench_hosts.py`; issue 27), in a worker that has joined the cluster
-(`processes.initialize`): a donating SGD step over an MLP (`data_parallel.sgd_step`,
-a `pmean` of every gradient), the model fed back, as
+"""The steps timed under several processes (`suites/bench_hosts.py`; issue 27),
+in a worker that has joined the cluster (`processes.initialize`): a donating
+SGD step over an MLP (`data_parallel.sgd_step`, a `pmean` of every gradient),
+the model fed back, as
 
 - `jax.pmap`: `jax.pmap(donate_argnums=0)` on the partitioned parameters,
   each process passing its local stacks (the baseline of the pmap group);

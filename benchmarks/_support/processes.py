@@ -1,5 +1,5 @@
 """Several processes on one machine, for the benchmarks of a step under
-`jax.distributed` (`hosts_parts.py`, `suites/bench_hosts.py`): 2 processes x 2
+`jax.distributed` (`suites/bench_hosts.py`): 2 processes x 2
 virtual CPU devices on loopback, CPU collectives over gloo, bounded in time,
 and killed and reaped whatever happens.
 
