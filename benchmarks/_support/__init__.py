@@ -6,8 +6,11 @@ report (`benchmarks/report.py`); see `benchmarks/README.md`.
 - `ratios`: `measure` (time one variant and record it), ratios, targets,
   tables and the JSON file.
 - `report_pages`, `report_plots`: the Markdown and the plots of the report.
-- `processes`, `hosts_steps`: worker processes on loopback (`jax.distributed`)
-  and the steps timed there (`suites/bench_hosts.py`).
+- `runner`: the round-robin timing loop, its orders and statistics, and
+  workers in fresh processes (several at once on loopback, or one after the
+  other under a deadline).
+- `data_parallel`: the data-parallel steps, against their floor
+  (`suites/bench_pmap.py`) and under several processes (`suites/bench_hosts.py`).
 
 Peak memory and worker subprocesses come from `filtx.demo.measure`, which the
 demo shares. Importable once `benchmarks/` is on `sys.path`: `conftest.py`,

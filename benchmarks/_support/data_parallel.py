@@ -1,9 +1,19 @@
-"""The data-parallel steps `suites/bench_pmap.py` times, with
-their floor (issue 27): each row's variants as `name -> (call, state)`, where
-`state = call(state)` is one step (the model fed back) and `state` is where
-the first step starts. The floor is the same computation as
-`jax.jit(jax.shard_map(...))`, lowered and compiled once, called with the
-flat list of global leaves.
+"""The data-parallel steps (issue 27): a donating SGD step with a `pmean` of
+every gradient, the model fed back; `state = call(state)` is one step.
+
+- `sgd_row`, `shard_map_row`: what `suites/bench_pmap.py` times against the
+  floor (the same computation as `jax.jit(jax.shard_map(...))`, lowered and
+  compiled once, called with the flat list of global leaves), each variant
+  as `name -> build`: `build()` makes it (compiling what it compiles ahead)
+  and returns `(call, state)`, so that the order the suite prepares the
+  variants in is the order they are built in.
+- `variants`: what `suites/bench_hosts.py` times under several processes, in
+  a worker that has joined the cluster (`initialize`): `jax.pmap` on the
+  partitioned parameters (each process its local stacks), `filter_pmap`,
+  `eqx.filter_pmap` (fails on JAX 0.10.2), and the step on global arrays
+  (model replicated, batch split over every process's devices, a global
+  Explicit mesh): `jax.jit` with `NamedSharding`s and `filter_jit` with
+  shardings; `name -> (call, state)`.
 """
 
 from __future__ import annotations
@@ -12,9 +22,9 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-from . import models
+from . import models, runner
 
 import filtx
 
@@ -53,28 +63,23 @@ def sgd_row(n: int, size: int = SIZE) -> dict:
 
     specs = (P(AXIS),) * (len(leaves) + 1)
     out_specs = [P(AXIS)] * len(leaves)
-    floor = jax.jit(jax.shard_map(per_leaves, mesh=mesh, in_specs=specs, out_specs=out_specs, check_vma=False)
-                    ).lower(x, *leaves).compile()
-    floor_donating = jax.jit(
-        jax.shard_map(per_leaves, mesh=mesh, in_specs=specs, out_specs=out_specs, check_vma=False),
-        donate_argnums=tuple(range(1, len(leaves) + 1)),
-    ).lower(x, *leaves).compile()
 
-    def flat(compiled):
-        return lambda s: compiled(x, *s)
+    def floor(donate):
+        compiled = jax.jit(jax.shard_map(per_leaves, mesh=mesh, in_specs=specs, out_specs=out_specs, check_vma=False),
+                           donate_argnums=tuple(range(1, len(leaves) + 1)) if donate else ()).lower(x, *leaves).compile()
+        return lambda s: compiled(x, *s), leaves
 
-    jpmap = jax.pmap(
-        lambda p, x: eqx.filter(sgd_step(eqx.combine(p, static), x), eqx.is_array), axis_name=AXIS, donate_argnums=0
-    )
-    rows = {
-        "floor": (flat(floor), leaves),
-        "floor-donating": (flat(floor_donating), leaves),
-        "jax.pmap": (lambda p: jpmap(p, x), params),
-    }
-    for donate in ("arrays", "none"):
-        fpmap = filtx.filter_pmap(sgd_step, axis_name=AXIS, donate=donate, specs={"x": filtx.traced})
-        rows[f"filter_pmap-{donate}"] = ((lambda f: lambda m: f(m, x))(fpmap), model)
-    return rows
+    def pmapped():
+        step = jax.pmap(lambda p, x: eqx.filter(sgd_step(eqx.combine(p, static), x), eqx.is_array),
+                        axis_name=AXIS, donate_argnums=0)
+        return lambda p: step(p, x), params
+
+    def filtx_pmap(donate):
+        step = filtx.filter_pmap(sgd_step, axis_name=AXIS, donate=donate, specs={"x": filtx.traced})
+        return lambda m: step(m, x), model
+
+    return {"floor": lambda: floor(False), "floor-donating": lambda: floor(True), "jax.pmap": pmapped,
+            "filter_pmap-arrays": lambda: filtx_pmap("arrays"), "filter_pmap-none": lambda: filtx_pmap("none")}
 
 
 def shard_map_row(n: int, size: int = SIZE) -> dict:
@@ -92,19 +97,114 @@ def shard_map_row(n: int, size: int = SIZE) -> dict:
         return jax.tree_util.tree_leaves(eqx.filter(sgd_step(m, x), eqx.is_array))
 
     specs = (P(AXIS),) + (P(),) * len(leaves)
-    mapped = jax.shard_map(per_leaves, mesh=mesh, in_specs=specs, out_specs=[P()] * len(leaves), check_vma=False)
-    floor = jax.jit(mapped, donate_argnums=tuple(range(1, len(leaves) + 1))).lower(x, *leaves).compile()
-    jmapped = jax.shard_map(
-        lambda p, x: eqx.filter(sgd_step(eqx.combine(p, static), x), eqx.is_array),
-        mesh=mesh, in_specs=(P(), P(AXIS)), out_specs=P(), check_vma=False,
-    )
-    jstep = jax.jit(jmapped, donate_argnums=0)
-    inner = filtx.filter_shard_map(sgd_step, mesh=mesh, in_specs={"x": P(AXIS)}, out_specs=P(), check_vma=False)
-    rows = {
-        "floor-donating": (lambda s: floor(x, *s), leaves),
-        "jax.jit-shard_map": (lambda p: jstep(p, x), params),
-    }
-    for donate in ("arrays", "none"):
+
+    def floor():
+        mapped = jax.shard_map(per_leaves, mesh=mesh, in_specs=specs, out_specs=[P()] * len(leaves), check_vma=False)
+        compiled = jax.jit(mapped, donate_argnums=tuple(range(1, len(leaves) + 1))).lower(x, *leaves).compile()
+        return lambda s: compiled(x, *s), leaves
+
+    def jitted():
+        mapped = jax.shard_map(lambda p, x: eqx.filter(sgd_step(eqx.combine(p, static), x), eqx.is_array),
+                               mesh=mesh, in_specs=(P(), P(AXIS)), out_specs=P(), check_vma=False)
+        step = jax.jit(mapped, donate_argnums=0)
+        return lambda p: step(p, x), params
+
+    def filtx_map(donate):
+        inner = filtx.filter_shard_map(sgd_step, mesh=mesh, in_specs={"x": P(AXIS)}, out_specs=P(), check_vma=False)
         step = filtx.filter_jit(lambda m, x: inner(m, x), donate=donate, specs={"x": filtx.traced})
-        rows[f"filter_jit-shard_map-{donate}"] = ((lambda f: lambda m: f(m, x))(step), model)
-    return rows
+        return lambda m: step(m, x), model
+
+    return {"floor-donating": floor, "jax.jit-shard_map": jitted,
+            "filter_jit-shard_map-arrays": lambda: filtx_map("arrays"),
+            "filter_jit-shard_map-none": lambda: filtx_map("none")}
+
+
+ROWS = 4  # batch rows per device
+PMAP = ("jax.pmap", "filter_pmap", "eqx.filter_pmap")
+JIT = ("jax.jit+NamedSharding", "filter_jit+shardings")
+
+
+def initialize(process_id: int, port: int, processes: int) -> None:
+    """Joins the loopback cluster (gloo collectives on CPU)."""
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=processes,
+                               process_id=process_id, initialization_timeout=60, heartbeat_timeout_seconds=10)
+
+
+def global_step(model, x):
+    """The same step on global arrays: the mean over the global batch is the
+    `pmean` of the devices' means."""
+    grads = eqx.filter_grad(lambda m: (jax.vmap(m)(x) ** 2).mean())(model)
+    return eqx.apply_updates(model, jax.tree_util.tree_map(lambda g: -LR * g, grads))
+
+
+def variants(leaves: int, names=PMAP + JIT) -> dict:
+    """name -> (call, state) for each of `names`, nothing called yet."""
+    n = jax.local_device_count()
+    model = models.leafy_mlp(leaves)
+    params, static = eqx.partition(model, eqx.is_array)
+    local = jax.tree_util.tree_map(lambda a: np.stack([np.asarray(a)] * n), params)
+    x = np.ones((n, ROWS, 8), np.float32)
+    out = {}
+    if "jax.pmap" in names:
+        jpmap = jax.pmap(lambda p, x: eqx.filter(sgd_step(eqx.combine(p, static), x), eqx.is_array),
+                         axis_name=AXIS, donate_argnums=0)
+        out["jax.pmap"] = (lambda p: jpmap(p, x), local)
+    if "filter_pmap" in names:
+        fpmap = filtx.filter_pmap(sgd_step, axis_name=AXIS, donate="arrays", specs={"x": filtx.traced})
+        out["filter_pmap"] = (lambda m: fpmap(m, x), eqx.combine(local, static))
+    if "eqx.filter_pmap" in names:
+        epmap = eqx.filter_pmap(sgd_step, axis_name=AXIS, donate="all")
+        out["eqx.filter_pmap"] = (lambda m: epmap(m, x), eqx.combine(local, static))
+    if not set(JIT) & set(names):
+        return out
+    mesh = jax.make_mesh((jax.device_count(),), (AXIS,), axis_types=(AxisType.Explicit,))
+    replicated, split = NamedSharding(mesh, P()), NamedSharding(mesh, P(AXIS))
+    gx = filtx.filter_shard(np.ones((n * ROWS, 8), np.float32), P(AXIS), mesh=mesh, process_local=True)
+    host = eqx.combine(jax.tree_util.tree_map(np.asarray, params), static)  # each variant its own buffers
+    if "jax.jit+NamedSharding" in names:
+        jstep = jax.jit(lambda p, x: eqx.filter(global_step(eqx.combine(p, static), x), eqx.is_array),
+                        in_shardings=(replicated, split), out_shardings=replicated, donate_argnums=0)
+        gparams = eqx.filter(filtx.filter_shard(host, P(), mesh=mesh), eqx.is_array)
+        out["jax.jit+NamedSharding"] = (lambda p: jstep(p, gx), gparams)
+    if "filter_jit+shardings" in names:
+        fstep = filtx.filter_jit(global_step, donate="arrays", mesh=mesh, specs={"x": filtx.traced},
+                                 in_shardings={"model": P(), "x": P(AXIS)}, out_shardings=P())
+        out["filter_jit+shardings"] = (lambda m: fstep(m, gx), filtx.filter_shard(host, P(), mesh=mesh))
+    return out
+
+
+def warm(variants: dict, calls: int = 3) -> dict:
+    """Calls every variant `calls` times (compiling it), feeding its outputs back;
+    a variant that fails is taken out. Returns name -> why it failed."""
+    failed = {}
+    for name in list(variants):
+        call, state = variants[name]
+        try:
+            for _ in range(calls):
+                state = call(state)
+            jax.block_until_ready(state)
+        except Exception as e:  # noqa: BLE001  (reported in the variant's row)
+            failed[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}" if str(e) else type(e).__name__
+            del variants[name]
+            continue
+        variants[name] = (call, state)
+    return failed
+
+
+def round_robin(variants: dict, rounds: int, steps: int) -> dict:
+    """Times `steps` steps a round of every variant, round-robin (`runner.round_robin`),
+    each variant's model fed back; returns name -> seconds per step, one figure
+    a round. Every process runs the same variants in the same order (their
+    collectives meet)."""
+
+    def case(name):
+        def run():
+            call, state = variants[name]
+            for _ in range(steps):
+                state = call(state)
+            variants[name] = (call, jax.block_until_ready(state))
+
+        return runner.Case(run, rounds=rounds, per=steps)
+
+    return runner.round_robin({name: case(name) for name in variants}).seconds

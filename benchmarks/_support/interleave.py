@@ -1,76 +1,40 @@
-"""Round-robin timing of the variants of a comparison group with fixed rounds.
-
-pytest runs each variant of a group (filtx, eqx, jax.jit, ...) in a test of its
-own. Timed that way, one variant's rounds run back to back, so a slow period of
-a shared machine lands on that variant alone and moves the ratio. For the
-groups whose rounds are fixed (what `benchmark.pedantic` times), this module
-times the variants round-robin instead, while every variant keeps its own test,
-its own pytest-benchmark stats and its own `ratios.RESULTS` entry:
+"""pytest's side of the round-robin: the variants of a group with fixed rounds
+timed together (`runner.round_robin`), each keeping its own test, its own
+pytest-benchmark stats and its own `ratios.RESULTS` entry, so that a slow
+period of a shared machine does not land on one variant alone.
 
 1. The suite marks the test with `@round_robin(group=..., prepare=...)` (above
-   its `@pytest.mark.parametrize`). `prepare`, called with the test's
-   parameters and `smoke`, builds and warms up one variant (compiling it, say)
-   and returns its `Case`: the callable timed, its setup, its rounds.
-2. At the end of collection (`conftest.py`), `collect` registers every selected
-   test by group and variant: a group's registry is exactly the variants that
-   will run (`-k` included).
+   its `@pytest.mark.parametrize`); `prepare`, called with the test's
+   parameters and `smoke`, builds and warms one variant and returns its `Case`.
+2. At the end of collection (`conftest.py`), `collect` registers every
+   selected test by group and variant (`-k` included).
 3. In a timed run, the first test of a group to call `measure` prepares every
-   registered variant of the group, in collection order, then runs round 1 of
-   every variant, round 2 of every variant, and so on, each round after its
-   own untimed setup. The order changes every round (`orders`: a balanced
-   Latin square, so that over the rounds each variant goes first as often, and
-   follows each other variant as often, as any). Untimed warm-up rounds, where
-   a case has them, come first, round-robin too. Each variant's durations and
-   its last round's result are kept. What the rounds cannot balance is the
-   order in which the variants were prepared: on CPU a program compiled
-   earlier in a process can run faster than the same program compiled later
-   (`docs/performance-notes.md`, "The order the variants are built in";
-   `probes/pytree_orders.py` balances it with a process per order).
-4. Each test's `measure` then hands its own durations to its `benchmark`
-   fixture: `benchmark.pedantic` over a replay whose clock (the test's
-   pytest-benchmark timer, which `round_robin` sets with the `benchmark`
-   marker) advances by exactly the recorded durations. `ratios.measure`
-   records the result as for any test, and the test checks the returned
-   (last round's) result of its own variant.
+   registered variant in collection order (with `FILTX_BENCH_BUILD_ORDER=k`,
+   in the k-th order of `runner.orders`: a program compiled earlier in a
+   process can run faster, and `probes/orders.py` balances that with a
+   process per order), then times them round-robin.
+4. Each test's `measure` hands its own durations to its `benchmark` fixture
+   (`benchmark.pedantic` over a replay of them, through the timer the
+   `benchmark` marker sets); `ratios.measure` records them with the rounds and
+   the place in the build order (`round_s`, `built_at`).
 
-With timing off (smoke mode) `measure` prepares the test's own variant and
-runs its body once through `ratios.measure`, as before: nothing is interleaved.
+With timing off (smoke mode) `measure` runs the test's own variant once.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import gc
 import inspect
+import os
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from . import ratios
+from . import ratios, runner
 
-
-@dataclasses.dataclass
-class Case:
-    """One variant's timed work, as `benchmark.pedantic` takes it: each round
-    calls `setup()` (untimed; it returns `(args, kwargs)`) if given, then times
-    `fn(*args, **kwargs)`. `warmup_rounds` untimed rounds come first."""
-
-    fn: Callable
-    rounds: int
-    setup: Callable[[], tuple[tuple, dict]] | None = None
-    args: tuple = ()
-    warmup_rounds: int = 0
-
-    def arguments(self) -> tuple[tuple, dict]:
-        return self.setup() if self.setup is not None else (self.args, {})
-
-    def pedantic(self) -> dict:
-        """The keyword arguments of `benchmark.pedantic` for this case."""
-        out = dict(rounds=self.rounds, warmup_rounds=self.warmup_rounds, iterations=1)
-        if self.setup is not None:
-            return {**out, "setup": self.setup}
-        return {**out, "args": self.args}
+Case = runner.Case  # one variant's timed work (`runner.Case`)
+orders = runner.orders
 
 
 @dataclasses.dataclass
@@ -111,6 +75,7 @@ _SAMPLES: dict[str, tuple[list[float], Any]] = {}  # node id -> (durations, last
 _DONE: dict[str, str | None] = {}  # group -> None once timed, or why its timing failed
 _OPTIONS: dict[str, Any] = {"timer": None, "disable_gc": False}
 ORDERS: dict[str, list[list[str]]] = {}  # group -> the variant order of each round run
+BUILT: dict[str, list[str]] = {}  # group -> the order its variants were prepared in
 
 
 def round_robin(group: str | Callable[..., str], prepare: Callable[..., Case]):
@@ -132,7 +97,7 @@ def collect(items, config) -> None:
     collection is final: `pytest_collection_finish`)."""
     from pytest_benchmark.utils import load_timer
 
-    for registry in (_TESTS, _SAMPLES, _DONE, ORDERS):
+    for registry in (_TESTS, _SAMPLES, _DONE, ORDERS, BUILT):
         registry.clear()
     _OPTIONS.update(timer=load_timer(config.getoption("benchmark_timer")).target,
                     disable_gc=bool(config.getoption("benchmark_disable_gc")))
@@ -166,8 +131,10 @@ def measure(benchmark, *, group: str, variant: str, **record):
     if _DONE[group] is not None:
         raise RuntimeError(f"timing group {group} failed: {_DONE[group]}")
     durations, result = _SAMPLES.pop(benchmark.fullname)
+    per = record.get("per", 1)
     out = ratios.measure(benchmark, CLOCK.replay(durations, result), group=group,
                          variant=variant, pedantic=dict(rounds=len(durations), iterations=1),
+                         extra={"built_at": BUILT[group].index(variant), "round_s": [d / per for d in durations]},
                          **record)
     replayed = benchmark.stats.stats.data
     assert replayed == durations, ("the replay did not reach the benchmark's stats: is "
@@ -175,69 +142,24 @@ def measure(benchmark, *, group: str, variant: str, **record):
     return out
 
 
-def orders(n: int) -> list[list[int]]:
-    """The rows of a balanced Latin square of `n` (Williams' design; for odd `n`
-    each row and its reverse): each index comes first in as many rows as any
-    other, and directly follows each other index equally often."""
-    first, low, high = [0], 1, n - 1
-    while len(first) < n:
-        first.append(low)
-        low += 1
-        if len(first) < n:
-            first.append(high)
-            high -= 1
-    rows = [[(i + r) % n for i in first] for r in range(n)]
-    return rows + [row[::-1] for row in rows] if n % 2 else rows
-
-
 def _run(group: str) -> None:
     """Prepares every registered variant of `group` and times them round-robin."""
     _DONE[group] = "interrupted"
     try:
         nodes = [node for node, e in _TESTS.items() if e.group == group]
-        cases = {node: _TESTS[node].prepare() for node in nodes}
-        rows = orders(len(nodes))
-        durations: dict[str, list[float]] = {node: [] for node in nodes}
-        results: dict[str, Any] = {}
-        warmups = max(c.warmup_rounds for c in cases.values())
-        rounds = max(c.rounds for c in cases.values())
-        ORDERS[group] = []
-        for r in range(-warmups, rounds):
-            row = [nodes[i] for i in rows[r % len(rows)]]
-            row = [n for n in row if (r < 0 and -r <= cases[n].warmup_rounds) or 0 <= r < cases[n].rounds]
-            if r >= 0:
-                ORDERS[group].append([_TESTS[n].variant for n in row])
-            for node in row:
-                duration, result = _time(cases[node])
-                if r >= 0:
-                    durations[node].append(duration)
-                if r == cases[node].rounds - 1:
-                    results[node] = result
-                del result
+        k = os.environ.get(ratios.ENV_ORDER)  # the k-th order of the square, or collection order
+        built = runner.ordered(nodes, int(k) + 1)[int(k)] if k else nodes
+        cases = {node: _TESTS[node].prepare() for node in built}
+        BUILT[group] = [_TESTS[n].variant for n in built]
+        timings = runner.round_robin({n: cases[n] for n in nodes}, timer=_OPTIONS["timer"],
+                                     gc_off=_OPTIONS["disable_gc"])
+        ORDERS[group] = [[_TESTS[n].variant for n in row] for row in timings.orders]
         for node in nodes:
-            _SAMPLES[node] = (durations[node], results[node])
+            _SAMPLES[node] = (timings.seconds[node], timings.results[node])
     except BaseException as e:
         _DONE[group] = f"{type(e).__name__}: {e}"
         raise
     _DONE[group] = None
-
-
-def _time(case: Case) -> tuple[float, Any]:
-    """One round: the setup, untimed, then `case.fn` timed as pytest-benchmark
-    times it (its timer; the collector off with --benchmark-disable-gc)."""
-    args, kwargs = case.arguments()
-    timer = _OPTIONS["timer"]
-    enabled = gc.isenabled()
-    if _OPTIONS["disable_gc"]:
-        gc.disable()
-    try:
-        start = timer()
-        result = case.fn(*args, **kwargs)
-        end = timer()
-    finally:
-        if enabled:
-            gc.enable()
-    return end - start, result
 
 
 def _accepted(fn: Callable, params: dict) -> dict:

@@ -18,6 +18,8 @@ import json
 import os
 import platform
 import sys
+import tempfile
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -28,6 +30,7 @@ VERSION = 1
 ENV_PATH = "FILTX_BENCH_RATIOS"
 ENV_ASSERT = "FILTX_BENCH_ASSERT"
 ENV_QUICK = "FILTX_BENCH_QUICK"
+ENV_ORDER = "FILTX_BENCH_BUILD_ORDER"
 DEFAULT_PATH = os.path.join(".benchmarks", "filtx-ratios.json")
 
 
@@ -49,25 +52,16 @@ class Result:
     rounds: int
     iterations: int
     params: dict
+    extra: dict = dataclasses.field(default_factory=dict)  # beside the figures in the file (`round_s`, `built_at`)
 
 
 # (group, variant) -> Result, in the order they were measured.
 RESULTS: dict[tuple[str, str], Result] = {}
 
 
-def measure(
-    benchmark,
-    fn: Callable,
-    *,
-    suite: str,
-    group: str,
-    variant: str,
-    baseline: str,
-    params: dict | None = None,
-    unit: str = "call",
-    per: int = 1,
-    pedantic: dict | None = None,
-):
+def measure(benchmark, fn: Callable, *, suite: str, group: str, variant: str, baseline: str,
+            params: dict | None = None, unit: str = "call", per: int = 1, pedantic: dict | None = None,
+            extra: dict | None = None):
     """Times `fn()` with the pytest-benchmark fixture and records the result.
 
     **Arguments:**
@@ -86,41 +80,24 @@ def measure(
         divided by `per`.
     - `pedantic`: if given, keyword arguments of `benchmark.pedantic` (rounds,
         setup, ...); otherwise pytest-benchmark calibrates rounds itself.
+    - `extra`: written beside the variant's figures in the ratio file.
 
     **Returns:** what `fn` returned (on its last call).
     """
     params = dict(params or {})
     benchmark.group = group
-    benchmark.extra_info.update(
-        suite=suite, variant=variant, baseline=baseline, unit=unit, per=per, **params
-    )
-    if pedantic is None:
-        out = benchmark(fn)
-    else:
-        out = benchmark.pedantic(fn, **pedantic)
+    benchmark.extra_info.update(suite=suite, variant=variant, baseline=baseline, unit=unit, per=per, **params)
+    out = benchmark(fn) if pedantic is None else benchmark.pedantic(fn, **pedantic)
     if benchmark.enabled and benchmark.stats:
         stats = benchmark.stats.stats
         RESULTS[group, variant] = Result(
-            suite=suite,
-            group=group,
-            variant=variant,
-            baseline=baseline,
-            unit=unit,
-            per=per,
-            median=stats.median / per,
-            mean=stats.mean / per,
-            stddev=stats.stddev / per,
-            min=stats.min / per,
-            rounds=stats.rounds,
-            iterations=benchmark.stats.iterations,
-            params=params,
-        )
+            suite=suite, group=group, variant=variant, baseline=baseline, unit=unit, per=per,
+            median=stats.median / per, mean=stats.mean / per, stddev=stats.stddev / per, min=stats.min / per,
+            rounds=stats.rounds, iterations=benchmark.stats.iterations, params=params, extra=dict(extra or {}))
     return out
 
 
-def ratio(
-    group: str, variant: str, over: str | None = None, stat: str = "median"
-) -> float | None:
+def ratio(group: str, variant: str, over: str | None = None, stat: str = "median") -> float | None:
     """`stat(variant) / stat(over)` within `group`, where `stat` is a field of
     `Result` (`"median"`, `"min"`, `"mean"`) and `over` defaults to the group's
     baseline; `None` if either was not measured in this run."""
@@ -157,11 +134,8 @@ def timing_on(config) -> bool:
 
 def quick() -> bool:
     """Whether `FILTX_BENCH_QUICK=1` (set by `report.py --quick`) asks for small
-    sizes or fewer rounds. Only `bench_first_call.py` and `bench_pytrees.py`
-    (whose full sizes take minutes) and the dispatch suite's inference loop
-    read it; the rest keep
-    their sizes and fixed rounds, and only get a shorter calibration from the
-    report."""
+    sizes or fewer rounds (`bench_first_call.py`, `bench_pytrees.py` and the
+    dispatch suite's loops read it; the rest keep theirs)."""
     return os.environ.get(ENV_QUICK, "") in ("1", "true", "yes")
 
 
@@ -198,20 +172,15 @@ def check_targets(config, targets: Iterable[tuple]) -> None:
     assert not failures, "ratio targets missed:\n" + "\n".join(failures)
 
 
-def check_target(
-    group: str, variant: str, over: str, at_most: float, stat: str = "median"
-) -> str | None:
+def check_target(group: str, variant: str, over: str, at_most: float, stat: str = "median") -> str | None:
     """A failure message if `ratio(group, variant, over, stat) > at_most`, else
     `None`. Groups that were not measured in this run (deselected tests) pass."""
     value = ratio(group, variant, over, stat)
     if value is None or value <= at_most:
         return None
     mine, theirs = RESULTS[group, variant], RESULTS[group, over]
-    return (
-        f"{group}: {stat} {variant} / {over} = {value:.3f} > {at_most} "
-        f"({variant} {format_time(getattr(mine, stat))}, "
-        f"{over} {format_time(getattr(theirs, stat))})"
-    )
+    return (f"{group}: {stat} {variant} / {over} = {value:.3f} > {at_most} "
+            f"({variant} {format_time(getattr(mine, stat))}, {over} {format_time(getattr(theirs, stat))})")
 
 
 #
@@ -269,6 +238,31 @@ def _format_ratio(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
+def run_timed(pytest_args: list, env: dict | None = None, timeout: float = 7200) -> dict:
+    """Runs `pytest_args` timed (`--benchmark-enable`) in a fresh process
+    (`runner.call`), its ratios in a temporary file, targets not asserted,
+    collection order unless `env` says; returns the groups, `bench_share.py`'s
+    memory table (written beside the ratios), how pytest ended and its seconds."""
+    from _support import runner
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with tempfile.TemporaryDirectory(prefix="filtx-ratios-") as tmp:
+        env = {ENV_ASSERT: "0", ENV_ORDER: "", ENV_QUICK: "", **(env or {}), ENV_PATH: os.path.join(tmp, "ratios.json")}
+        start = time.perf_counter()
+        done = runner.call([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--benchmark-enable",
+                            "--rootdir", root, *pytest_args], timeout, env)
+        saved = {}
+        for name in ("ratios.json", "filtx-share-memory.json"):
+            if os.path.exists(os.path.join(tmp, name)):
+                with open(os.path.join(tmp, name)) as f:
+                    saved[name] = json.load(f)
+    lines = [line for line in done.stdout.splitlines() if line.strip()]
+    return {"groups": saved.get("ratios.json", {}).get("groups", {}), "share_memory": saved.get("filtx-share-memory.json"),
+            "returncode": done.returncode, "summary": (lines[-1:] or [""])[0],
+            "failures": [line for line in lines if line.startswith(("FAILED", "ERROR"))],
+            "seconds": time.perf_counter() - start, "tail": done.stdout[-3000:] + done.stderr[-3000:]}
+
+
 def run_info() -> dict[str, Any]:
     """What a reader needs to compare runs: when, where, and which versions."""
     import jax  # imported late: the conftest must set XLA_FLAGS first
@@ -305,27 +299,12 @@ def to_json(info: dict[str, Any]) -> dict[str, Any]:
     out = {}
     for group, results in groups().items():
         first = results[0]
-        out[group] = {
-            "suite": first.suite,
-            "baseline": first.baseline,
-            "unit": first.unit,
-            "params": first.params,
-            "run": info,
-            "variants": {
-                r.variant: {
-                    "median_s": r.median,
-                    "mean_s": r.mean,
-                    "stddev_s": r.stddev,
-                    "min_s": r.min,
-                    "rounds": r.rounds,
-                    "iterations": r.iterations,
-                    "per": r.per,
-                    "ratio": ratio(group, r.variant),
-                    "ratio_min": ratio(group, r.variant, stat="min"),
-                }
-                for r in results
-            },
-        }
+        out[group] = {"suite": first.suite, "baseline": first.baseline, "unit": first.unit, "params": first.params,
+                      "run": info, "variants": {r.variant: {
+                          "median_s": r.median, "mean_s": r.mean, "stddev_s": r.stddev, "min_s": r.min,
+                          "rounds": r.rounds, "iterations": r.iterations, "per": r.per,
+                          "ratio": ratio(group, r.variant), "ratio_min": ratio(group, r.variant, stat="min"),
+                          **r.extra} for r in results}}
     return out
 
 

@@ -4,33 +4,22 @@ measured in the same run.
 
     python benchmarks/probes/step_parts.py               # 10, 100 and 1000 array leaves
     python benchmarks/probes/step_parts.py 10 100 --rounds 15
+    python benchmarks/probes/step_parts.py 10 --rounds 5 --json   # a JSON line a size (the GPU script's parts job)
 
-Per step of 100 pipelined, donating Adam steps (model and optimiser state fed
-back; rounds interleaved, who goes first rotated, medians): `jax.jit` on the
-flat list of leaves (the floor: no pytree flattened or built); the floor that
-also builds the parameters and optimiser state from its outputs every step
-(`floor + build`: what any transformation that returns them pays at least,
-the garbage collector's work on those objects included);
-`jax.jit(donate_argnums=(0, 1))` on the partitioned parameters (the
-benchmarks' baseline) and `filtx.filter_jit`.
-Then the parts of a filtx step, each timed alone (best of 7 repeats):
-
-- `flatten`: flattening the step's arguments, which `jax.jit` does on every call
-  and filtx skips for the objects it returned one step earlier;
-- `prepare`: filtx's own work before the compiled call (the layout of the last
-  calls, or the split with those objects reused);
-- `unflatten`: building the returned model and optimiser state with
-  `treedef.unflatten`, which any transformation that returns them pays (Equinox
-  pays it and more);
-- `filtx build`: filtx's build of them (its builder, and the records of the
-  returned objects that the next step reuses).
-
-The last two columns are filtx's step over the floor plus `unflatten` (timed
-alone, so without the collections its objects cause in a loop), and over the
-`floor + build` loop.
-
-This is a profile, not a benchmark suite: it reads filtx's internals, and its
-figures are for finding costs, not for the report.
+Per step of 100 pipelined, donating Adam steps (state fed back; rounds
+interleaved by `runner.round_robin`; medians), and each loop's host time
+until its last step is dispatched (`loop_times`): `jax.jit` on the flat list
+of leaves (the floor), the floor that also builds the parameters and
+optimiser state from its outputs every step (`floor + build`: what any
+transformation that returns them pays at least), `jax.jit(donate_argnums=(0,
+1))` on the partitioned parameters, and `filtx.filter_jit`. Then the parts of
+a filtx step, each timed alone (best of 7): `flatten` (which filtx skips for
+the objects it returned one step earlier), `prepare` (filtx's work before the
+compiled call), `unflatten` (`treedef.unflatten` of the returned model and
+state, which any transformation that returns them pays) and `filtx build`
+(its builder, and the records the next step reuses). The last two columns
+are filtx over the floor plus `unflatten`, and over the `floor + build` loop.
+A profile: it reads filtx's internals.
 
 Answered in: `docs/performance-notes.md#where-a-training-steps-time-goes`.
 """
@@ -50,7 +39,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 import bench_dispatch as bd  # noqa: E402
-from _support import models  # noqa: E402
+from _support import models, runner  # noqa: E402
 
 from filtx._core.outputs import parts  # noqa: E402  (a profile: it reads filtx's internals)
 
@@ -59,29 +48,29 @@ LOOPS = {"floor": "jax.jit-leaves", "floor + build": "jax.jit-leaves-build", "ja
 
 def loop_times(leaves: int, rounds: int, steps: int | None = None) -> dict:
     """`{variant: (host, total)}`: the median seconds per step of each loop
-    variant, rounds interleaved, `host` until the loop's last step is
-    dispatched, `total` until its results are ready. A loop whose host time is
-    its total keeps the host busy all along or waits on the device every step;
-    one whose host time is well under its total runs ahead of the device,
-    where host work hides. `steps`: per round (default the suite's)."""
+    variant, rounds interleaved (`runner.round_robin`), `host` until the
+    loop's last step is dispatched, `total` until its results are ready. A
+    loop whose host time is its total keeps the host busy all along or waits
+    on the device every step; one whose host time is well under its total
+    runs ahead of the device, where host work hides. `steps`: per round
+    (default the suite's)."""
     batches, setups = bd.warm_adam_loops(leaves, LOOPS)
     steps = steps or bd.TRAIN_STEPS
-    times: dict = {name: [] for name in setups}
-    names = list(setups)
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[: r % len(names)]:
-            step, state = setups[name]
-            state = models.fresh_copy(state)
-            jax.block_until_ready(state)
-            loss = None
+
+    def case(step, state):
+        def loop(state):  # bd.train_loop, its dispatch timed apart
             start = time.perf_counter()
-            for i in range(steps):  # bd.train_loop, its dispatch timed apart
+            for i in range(steps):
                 x, y = batches[i % len(batches)]
                 *state, loss = step(*state, x, y)
-            dispatched = time.perf_counter()
+            host = time.perf_counter() - start
             jax.block_until_ready((state, loss))
-            times[name].append(((dispatched - start) / steps, (time.perf_counter() - start) / steps))
-    return {name: (float(np.median([h for h, _ in t])), float(np.median([a for _, a in t]))) for name, t in times.items()}
+            return host / steps
+
+        return runner.Case(loop, rounds, setup=lambda: ((models.fresh_copy(state),), {}), per=steps)
+
+    timed = runner.round_robin({name: case(*setup) for name, setup in setups.items()}, keep="all")
+    return {name: (float(np.median(timed.results[name])), float(np.median(timed.seconds[name]))) for name in setups}
 
 
 def part_times(leaves: int) -> dict:
@@ -103,27 +92,34 @@ def part_times(leaves: int) -> dict:
 
     leaves = info.leaves(arrays)
     records = type(boundary.records)()
-    return {
-        "flatten": best(lambda: jax.tree_util.tree_flatten((step._fun, args, {}))),
-        "prepare": best(lambda: boundary.prepare(step._fun, args, {}, step._build, False, True)),
-        "unflatten": best(lambda: info.treedef.unflatten(leaves)),
-        "filtx build": best(lambda: info.build_recording(arrays, records)),
-    }
+    return {"flatten": best(lambda: jax.tree_util.tree_flatten((step._fun, args, {}))),
+            "prepare": best(lambda: boundary.prepare(step._fun, args, {}, step._build, False, True)),
+            "unflatten": best(lambda: info.treedef.unflatten(leaves)),
+            "filtx build": best(lambda: info.build_recording(arrays, records))}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("leaves", nargs="*", type=int, default=list(bd.ADAM_LEAVES))
     parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--steps", type=int, help=f"steps a round (default {bd.TRAIN_STEPS})")
+    parser.add_argument("--json", action="store_true", help="a JSON line per size (the GPU script's parts job)")
     options = parser.parse_args()
+    if options.json:
+        emit = runner.emitter()
+        for leaves in options.leaves:
+            loops = loop_times(leaves, options.rounds, options.steps)
+            emit({"kind": "parts", "leaves": leaves, "rounds": options.rounds,
+                  "seconds": {name: total for name, (_, total) in loops.items()} | part_times(leaves),
+                  "host": {name: list(figures) for name, figures in loops.items()}})
+        return
     print(f"jax {jax.__version__}, {os.cpu_count()} CPUs; µs per step, and as a fraction of the floor step")
-    header = [
-        "array leaves", "floor", "floor + build", "jax.jit", "filtx", "flatten", "prepare", "unflatten",
-        "filtx build", "floor + unflatten",
-    ]
+    header = ["array leaves", "floor", "floor + build", "jax.jit", "filtx", "flatten", "prepare", "unflatten",
+              "filtx build", "floor + unflatten"]
     print(" | ".join([*header, "filtx / (floor + unflatten)", "filtx / (floor + build)"]))
     for leaves in options.leaves:
-        figures = {name: total for name, (_, total) in loop_times(leaves, options.rounds).items()} | part_times(leaves)
+        figures = {name: total for name, (_, total) in loop_times(leaves, options.rounds, options.steps).items()}
+        figures |= part_times(leaves)
         figures["floor + unflatten"] = figures["floor"] + figures["unflatten"]
         floor = figures["floor"]
         cells = [f"{figures[k] * 1e6:.1f} ({figures[k] / floor:.2f})" for k in header[1:]]

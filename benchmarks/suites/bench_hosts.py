@@ -1,11 +1,11 @@
 """A training step under several processes (issue 27): 2 processes x 2 virtual
-CPU devices on loopback (`jax.distributed`, gloo collectives), started by
-`_support/processes.py`, bounded in time and killed and reaped whatever
-happens.
+CPU devices on loopback (`jax.distributed`, gloo collectives), started
+together by `runner.together`, bounded in time and killed and reaped
+whatever happens.
 
 Each process times warm steps of a donating SGD step (a `pmean` of every
 gradient, the model fed back) on MLPs of 18 and 98 array leaves, five ways
-(`_support/hosts_steps.py`), all five round-robin (a balanced Latin square of
+(`_support/data_parallel.py`), all five round-robin (a balanced Latin square of
 orders; `STEPS` steps a round), in two groups:
 
 | group | baseline | variants |
@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import sys
 import tempfile
 
@@ -41,8 +42,9 @@ BENCHMARKS = os.path.dirname(HERE)
 if BENCHMARKS not in sys.path:
     sys.path.insert(0, BENCHMARKS)
 
-from _support import processes
+from _support import runner
 
+PROCESSES, LOCAL_DEVICES = 2, 2
 LEAVES = (18, 98)
 FULL = {"rounds": 31, "steps": 3, "warm": 3}  # rounds, steps a round, untimed steps first
 QUICK = {"rounds": 3, "steps": 1, "warm": 2}
@@ -64,19 +66,27 @@ def run_all(quick: bool, leaves=LEAVES) -> dict:
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="filtx-bench-hosts-") as tmp:
         out = os.path.join(tmp, "groups.json")
-        codes, outputs = processes.launch(
-            lambda i, port: [sys.executable, __file__, "--worker", str(i), "--port", str(port), "--out", out,
-                             "--rounds", str(plan["rounds"]), "--steps", str(plan["steps"]), "--warm", str(plan["warm"]),
-                             "--leaves", *map(str, leaves)],
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # a free port for the coordinator
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        codes, outputs = runner.together(
+            [[sys.executable, __file__, "--worker", str(i), "--port", str(port), "--out", out,
+              "--rounds", str(plan["rounds"]), "--steps", str(plan["steps"]), "--warm", str(plan["warm"]),
+              "--leaves", *map(str, leaves)] for i in range(PROCESSES)],
             TIMEOUT_S["quick" if quick else "full"],
-        )
-        error = processes.failure(codes, outputs)
+            {"XLA_FLAGS": f"--xla_force_host_platform_device_count={LOCAL_DEVICES}", "JAX_PLATFORMS": "cpu",
+             "PYTHONUNBUFFERED": "1"})
+        error = None
+        if any(codes):
+            error = "\n".join(f"--- worker {i} (returncode {c}) ---\n{o[-4000:]}" for i, (c, o) in
+                              enumerate(zip(codes, outputs))) + f"\nworkers' return codes {codes}" + (
+                " (timed out: killed)" if -9 in codes else "")
         groups = {}
         if error is None:
             with open(out) as f:
                 groups = json.load(f)
     return {"groups": groups, "seconds": time.perf_counter() - start, "error": error,
-            "plan": dict(plan, processes=processes.PROCESSES, local_devices=processes.LOCAL_DEVICES)}
+            "plan": dict(plan, processes=PROCESSES, local_devices=LOCAL_DEVICES)}
 
 
 def summarise(times: dict, failed: dict, leaves: int, plan: dict) -> dict:
@@ -107,18 +117,19 @@ def summarise(times: dict, failed: dict, leaves: int, plan: dict) -> dict:
 
 
 def worker(options) -> None:
-    processes.initialize(options.worker, options.port)
-    from _support import hosts_steps
+    from _support import data_parallel as steps  # (it joins the cluster before anything starts JAX's backends)
+
+    steps.initialize(options.worker, options.port, PROCESSES)
 
     plan = {"rounds": options.rounds, "steps": options.steps}
     groups = {}
     for leaves in options.leaves:
-        variants = hosts_steps.variants(leaves)
-        failed = hosts_steps.warm(variants, options.warm)
+        variants = steps.variants(leaves)
+        failed = steps.warm(variants, options.warm)
         missing = [b for b, _ in GROUPS.values() if b in failed]
         if missing:
             raise RuntimeError(f"a baseline failed: {failed}")
-        times = hosts_steps.round_robin(variants, options.rounds, options.steps)
+        times = steps.round_robin(variants, options.rounds, options.steps)
         groups.update(summarise(times, failed, leaves, plan))
     if options.worker == 0:
         with open(options.out, "w") as f:

@@ -181,7 +181,7 @@ def step_case(row: str, smoke: bool, variant: str) -> interleave.Case:
     """A warm variant: three steps (compiled, records made), then each round
     `STEPS` steps more, from the state the last round ended with (as a training
     loop feeds its model back, step after step)."""
-    call, state = step_rows(row, smoke)[variant]
+    call, state = step_rows(row, smoke)[variant]()  # built (the floors compiled) now, in the order prepared
     held = [run_steps(call, models.fresh_copy(state), 3)]
     steps = 1 if smoke else STEPS
 
