@@ -13,10 +13,8 @@ mode, `timing_on` is false), so nothing is recorded, printed or written.
 """
 
 import dataclasses
-import datetime
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -264,34 +262,11 @@ def run_timed(pytest_args: list, env: dict | None = None, timeout: float = 7200)
 
 
 def run_info() -> dict[str, Any]:
-    """What a reader needs to compare runs: when, where, and which versions."""
-    import jax  # imported late: the conftest must set XLA_FLAGS first
+    """What a reader needs to compare runs: when, where, and which versions
+    (`environment.record`, with the devices)."""
+    from _support import environment
 
-    info: dict[str, Any] = {
-        "time": datetime.datetime.now(datetime.timezone.utc).isoformat(
-            timespec="seconds"
-        ),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "jax": jax.__version__,
-        "backend": jax.default_backend(),
-        "device_count": jax.device_count(),
-        "xla_flags": os.environ.get("XLA_FLAGS", ""),
-    }
-    for name in ("jaxlib", "equinox", "filtx"):
-        module = sys.modules.get(name)
-        info[name] = getattr(module, "__version__", None) if module else None
-    try:
-        from pytest_benchmark.utils import get_commit_info
-
-        commit = get_commit_info()
-        info["commit"] = commit.get("id")
-        info["dirty"] = commit.get("dirty")
-    except Exception:  # not a git checkout, git missing, ...
-        info["commit"] = None
-    return info
+    return environment.record(devices=True)
 
 
 def to_json(info: dict[str, Any]) -> dict[str, Any]:

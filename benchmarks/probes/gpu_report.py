@@ -833,35 +833,10 @@ def emitter():
 
 
 def environment() -> dict:
-    from importlib import metadata
+    sys.path.insert(0, BENCH)
+    from _support import environment as record
 
-    import jax
-
-    device = jax.devices()[0]
-    versions = {}
-    for name in ("jax", "jaxlib", "equinox", "optax", "numpy"):
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = None
-    plugins = sorted(f"{d.metadata['Name']} {d.version}" for d in metadata.distributions()
-                     if "cuda" in (d.metadata["Name"] or "").lower() and "jax" in (d.metadata["Name"] or "").lower())
-    cuda = {}
-    try:  # JAX's own record of the CUDA libraries it loaded (None without its CUDA plugin)
-        from jax._src.lib import cuda_versions
-    except ImportError:
-        cuda_versions = None
-    for name in dir(cuda_versions) if cuda_versions is not None else ():
-        if name.endswith(("_get_version", "_version")):
-            try:
-                cuda[name] = getattr(cuda_versions, name)()
-            except Exception as e:  # (one that takes a device, say)
-                cuda[name] = f"{type(e).__name__}: {e}"[:80]
-    return {"kind": "env", **versions, "plugins": plugins, "platform": device.platform,
-            "device_kind": device.device_kind, "devices": jax.device_count(),
-            "platform_version": getattr(device.client, "platform_version", None), "cuda": cuda,
-            "compilation_cache_dir": getattr(jax.config, "jax_compilation_cache_dir", None),
-            "python": sys.version.split()[0]}
+    return record.record(devices=True)
 
 
 def _median_ratio(a: list[float], b: list[float]) -> float:

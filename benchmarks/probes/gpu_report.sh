@@ -24,13 +24,7 @@ LOG="$OUT/gpu_report.log"
     else
         echo "nvidia-smi: not here"
     fi
-    python3 - <<'EOF'
-import importlib.metadata as m, sys
-names = ["jax", "jaxlib", "equinox", "optax", "numpy"]
-names += sorted({d.metadata["Name"] for d in m.distributions()
-                 if "cuda" in (d.metadata["Name"] or "").lower() and ("jax" in d.metadata["Name"].lower() or "runtime" in d.metadata["Name"].lower())})
-print("python", sys.version.split()[0], "|", ", ".join(f"{n} {m.version(n)}" for n in names))
-EOF
+    python3 benchmarks/_support/environment.py --host
     echo "(device kind, platform version: the env line below)"
 } > "$LOG" 2>&1
 cat "$LOG"
