@@ -8,8 +8,8 @@
 - The variants of each group with fixed rounds are timed round-robin
   (`_support/interleave.py`): the tests marked `interleave.round_robin` are
   registered by group once collection is final.
-- At the end of a run with timing on: the ratio tables of every group measured
-  (see `_support/ratios.py`), printed and merged into a JSON file
+- At the end of a run with timing on: every group measured, printed as the
+  report's tables (`_support/report_pages.py`) and merged into a JSON file
   (`$FILTX_BENCH_RATIOS`, default `<rootdir>/.benchmarks/filtx-ratios.json`).
 """
 
@@ -40,15 +40,19 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     del exitstatus
     if not ratios.RESULTS:
         return
+    from _support import report_pages
+
     terminalreporter.write_sep("-", "filtx benchmark ratios")
-    for line in ratios.format_tables().splitlines():
-        terminalreporter.write_line(line)
+    groups = ratios.to_json({})
+    for suite in dict.fromkeys(g["suite"] for g in groups.values()):
+        for line in report_pages.suite_section(suite, groups, None, None):
+            if not line.startswith("!["):  # (its plots are the report's)
+                terminalreporter.write_line(line)
     try:
         path = ratios.write_json(ratios.ratios_path(config))
     except OSError as e:
         terminalreporter.write_line(f"could not write the ratios: {e}", red=True)
     else:
-        terminalreporter.write_line("")
         terminalreporter.write_line(f"ratios written to {path}")
 
 

@@ -6,9 +6,9 @@ are compared with the group's `baseline` variant: every figure this module repor
 is `median(variant) / median(baseline)` (or the same with the minimum), both taken
 in the same pytest run.
 
-The session's results live in `RESULTS`; `benchmarks/conftest.py` prints them as
-ratio tables at the end of a run and writes them as JSON (format in
-`benchmarks/README.md`). Under `--benchmark-disable` nothing is timed (smoke
+The session's results live in `RESULTS`; `benchmarks/conftest.py` prints them
+at the end of a run (the report's tables, `report_pages.suite_section`) and
+writes them as JSON (format in `benchmarks/README.md`). Under `--benchmark-disable` nothing is timed (smoke
 mode, `timing_on` is false), so nothing is recorded, printed or written.
 """
 
@@ -195,45 +195,6 @@ def format_time(seconds: float | None, micro: str = "us") -> str:
         if seconds >= scale:
             return f"{seconds / scale:.3g} {suffix}"
     return f"{seconds / 1e-9:.3g} ns"
-
-
-def format_tables(extra_ratios: Iterable[tuple[str, str]] = (("filtx", "eqx"),)) -> str:
-    """Plain-text ratio tables, one per group: each variant's median and min, and
-    their ratios to the group's baseline. A line is added for each `(variant,
-    over)` pair of `extra_ratios` that the group has both of."""
-    lines = [
-        "ratio = stat(variant) / stat(baseline), both measured in this run;",
-        "the median is the headline figure, the min the least noisy one.",
-    ]
-    for group, results in groups().items():
-        first = results[0]
-        params = ", ".join(f"{k}={v}" for k, v in first.params.items())
-        lines.append("")
-        lines.append(f"{group}  [per {first.unit}" + (f"; {params}]" if params else "]"))
-        width = max(len(r.variant) for r in results)
-        lines.append(
-            f"  {'variant':<{width}}  {'median':>9}  {'ratio':>6}  {'min':>9}  {'ratio':>6}"
-        )
-        for r in results:
-            lines.append(
-                f"  {r.variant:<{width}}  {format_time(r.median):>9}  "
-                f"{_format_ratio(ratio(group, r.variant)):>6}  "
-                f"{format_time(r.min):>9}  "
-                f"{_format_ratio(ratio(group, r.variant, stat='min')):>6}"
-            )
-        lines.append(f"  (baseline: {first.baseline})")
-        variants = {r.variant for r in results}
-        for variant, over in extra_ratios:
-            if variant in variants and over in variants and over != first.baseline:
-                lines.append(
-                    f"  {variant} / {over}: median {_format_ratio(ratio(group, variant, over))}, "
-                    f"min {_format_ratio(ratio(group, variant, over, 'min'))}"
-                )
-    return "\n".join(lines)
-
-
-def _format_ratio(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}"
 
 
 def run_timed(pytest_args: list, env: dict | None = None, timeout: float = 7200) -> dict:

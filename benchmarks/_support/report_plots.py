@@ -1,43 +1,21 @@
-"""The plots of `docs/benchmarks.md` (PNG, matplotlib's Agg backend).
-
-Every plot compares against **one** baseline, names it, says its unit and
-that lower is better:
-
-- `donation_memory.png`: peak memory increase (MB) against model size, one
-  panel per optimiser, one line per mode; the baseline mode is the thick black
-  line, the physical limit (parameters and optimiser state held once) dashed.
-- `donation_time.png`: time per step divided by the baseline mode's at the
-  same optimiser and size, against model size.
-- `sharding_memory.png`: parameters and optimiser state held per device, FSDP
-  against replication (the baseline).
-- `adam_loop.png`: time per step of the Adam loop against the number of array
-  leaves, one line per variant (baseline `jax.jit-params`, thick black), and the
-  small models' steps (a 2-layer MLP, a GRU cell) as points in the same colours.
-- `inference_loop.png`: time per call of the inference loop (a model passed
-  unchanged to a compiled prediction) against the number of array leaves, one
-  line per variant (baseline `jax.jit-params`, thick black).
-- `<suite>.png`: one panel per group of a pytest-benchmark suite, one bar per
-  variant: its median time divided by the group's baseline's (the grey bar,
-  1.0), annotated with the ratio and the median itself (`first_call.png`: the
-  first call of a training step, one panel per model).
-- `hosts.png`: the two-process suite, one panel per group: each variant's
-  round ratio (the median of each round's time over the baseline's in that
-  round) with its quartiles as whiskers, the target dashed, and a variant
-  that failed named with its error in place of a bar.
-- `gpu_report.png` (written by `probes/gpu_report.py --report`, from a GPU
-  run's saved lines): left, each timed loop's filtx time over its baseline's,
-  order-balanced (the bar), each build order's figure as a point, the target
-  as a red tick; right, the first call of a fresh training step under each
-  wrapper, every process's figure as a point, the median as a bar split into
-  XLA's compile and the rest.
+"""The plots of `docs/benchmarks.md` (PNG, matplotlib's Agg backend). Every plot
+compares against **one** baseline, names it, says its unit and that lower is
+better: the donation modes' memory and time against model size
+(`donation_*.png`, the baseline mode thick black, the physical limit dashed);
+a bar per variant of each group of a suite (`<suite>.png`: median time over
+the group's baseline's, annotated); the two-process suite's round ratios with
+quartiles and targets (`hosts.png`); FSDP against replication per device
+(`sharding_memory.png`); the Adam and inference loops against array leaves
+(`adam_loop.png`, `inference_loop.png`); and a GPU run (`gpu_report.png`:
+each loop's order-balanced ratio with each order's and the target, every
+process's first call with XLA's compile apart).
 """
 
 from __future__ import annotations
 
 import os
 
-from _support.report_pages import (adam_loop_groups, fmt_time, fsdp_bytes, inference_loop_groups,
-                                   small_model_groups)
+from _support.report_pages import fmt_time, fsdp_bytes, loop_groups, small_model_groups
 
 FONT = 10
 DONATION_STYLES = {  # mode -> matplotlib line style; overlapping lines stay visible
@@ -60,6 +38,13 @@ def _pyplot():
     plt.rcParams.update({"font.size": FONT, "axes.titlesize": FONT + 1,
                          "axes.labelsize": FONT, "legend.fontsize": FONT - 1})
     return plt
+
+
+def _save(fig, path: str) -> str:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    _pyplot().close(fig)
+    return path
 
 
 def plot_donation(rows: list[dict], img: str, memory_label: str, plan) -> list[str]:
@@ -101,11 +86,7 @@ def plot_donation(rows: list[dict], img: str, memory_label: str, plan) -> list[s
             ax.grid(True, which="both", alpha=0.3)
             ax.legend()
         fig.suptitle(title)
-        fig.tight_layout()
-        path = os.path.join(img, figure)
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path)
+        written.append(_save(fig, os.path.join(img, figure)))
     return written
 
 
@@ -118,10 +99,8 @@ def plot_suite(suite: str, groups: dict, img: str) -> str | None:
         return None
     plt = _pyplot()
     heights = [len(g["variants"]) for g in mine.values()]
-    fig, axes = plt.subplots(
-        len(mine), 1, figsize=(8, sum(0.42 * h + 0.9 for h in heights) + 0.6),
-        gridspec_kw={"height_ratios": [h + 2 for h in heights]}, squeeze=False,
-    )
+    fig, axes = plt.subplots(len(mine), 1, figsize=(8, sum(0.42 * h + 0.9 for h in heights) + 0.6),
+                             gridspec_kw={"height_ratios": [h + 2 for h in heights]}, squeeze=False)
     for ax, (name, g) in zip(axes[:, 0], mine.items()):
         variants = [(variant, v) for variant, v in g["variants"].items() if v["ratio"] is not None]
         ratios = [v["ratio"] for _, v in variants]
@@ -144,11 +123,7 @@ def plot_suite(suite: str, groups: dict, img: str) -> str | None:
         "median time ÷ the group's baseline median (same run; 1.0 = baseline; lower is better)"
     )
     fig.suptitle(f"{suite}: time relative to each group's baseline (lower is better)")
-    fig.tight_layout()
-    path = os.path.join(img, f"{suite}.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, os.path.join(img, f"{suite}.png"))
 
 
 def plot_hosts(groups: dict, img: str, targets: dict) -> str | None:
@@ -186,11 +161,7 @@ def plot_hosts(groups: dict, img: str, targets: dict) -> str | None:
     axes[-1, 0].set_xlabel("round time ÷ the baseline's, same round: median, quartiles; "
                            "lower is better")
     fig.suptitle("2 processes × 2 devices: time relative to each group's baseline")
-    fig.tight_layout()
-    path = os.path.join(img, "hosts.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, os.path.join(img, "hosts.png"))
 
 
 def plot_fsdp_memory(groups: dict, img: str) -> str | None:
@@ -209,11 +180,7 @@ def plot_fsdp_memory(groups: dict, img: str) -> str | None:
     ax.set_xlim(0, values[0] * 1.4)
     ax.set_xlabel("parameters + optimiser state per device (MB; lower is better)")
     ax.set_title("FSDP against replication: memory held per device", loc="left")
-    fig.tight_layout()
-    path = os.path.join(img, "sharding_memory.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, os.path.join(img, "sharding_memory.png"))
 
 
 def _plot_against_leaves(loop: dict, points: dict, path: str, *, xlabel: str, ylabel: str,
@@ -245,39 +212,27 @@ def _plot_against_leaves(loop: dict, points: dict, path: str, *, xlabel: str, yl
     ax.set_title(title, loc="left")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=FONT - 1)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
-def plot_adam_loop(groups: dict, img: str) -> str | None:
-    """Time per step against array leaves, every variant, with the small models'
-    steps as single points; returns the file written."""
-    loop = adam_loop_groups(groups)
-    if not loop:
-        return None
-    return _plot_against_leaves(
-        loop, small_model_groups(groups), os.path.join(img, "adam_loop.png"),
-        xlabel="array leaves in the model (Adam's state holds twice as many)",
-        ylabel="median time per step (µs; lower is better)",
-        title="Per step against leaves: Adam loop (lines), small models (points)",
-    )
-
-
-def plot_inference_loop(groups: dict, img: str) -> str | None:
-    """Time per call of the inference loop against array leaves, every variant;
-    returns the file written."""
-    loop = inference_loop_groups(groups)
-    if not loop:
-        return None
-    calls = next(iter(loop.values()))["params"].get("calls")
-    return _plot_against_leaves(
-        loop, {}, os.path.join(img, "inference_loop.png"),
-        xlabel="array leaves in the model",
-        ylabel="median time per call (µs; lower is better)",
-        title=f"Inference loop: the same model, a new batch, {calls} calls",
-    )
+def plot_loops(groups: dict, img: str) -> list[str]:
+    """The Adam loop's time per step against array leaves, every variant, the
+    small models' steps as points; the inference loop's time per call."""
+    written = []
+    if loop_groups(groups):
+        written.append(_plot_against_leaves(
+            loop_groups(groups), small_model_groups(groups), os.path.join(img, "adam_loop.png"),
+            xlabel="array leaves in the model (Adam's state holds twice as many)",
+            ylabel="median time per step (µs; lower is better)",
+            title="Per step against leaves: Adam loop (lines), small models (points)"))
+    loop = loop_groups(groups, "inference")
+    if loop:
+        calls = next(iter(loop.values()))["params"].get("calls")
+        written.append(_plot_against_leaves(
+            loop, {}, os.path.join(img, "inference_loop.png"), xlabel="array leaves in the model",
+            ylabel="median time per call (µs; lower is better)",
+            title=f"Inference loop: the same model, a new batch, {calls} calls"))
+    return written
 
 
 def plot_gpu_report(loops: list[dict], first_calls: dict, path: str, title: str) -> str:
@@ -339,7 +294,4 @@ def plot_gpu_report(loops: list[dict], first_calls: dict, path: str, title: str)
     right.grid(True, axis="x", alpha=0.3)
     right.legend(loc="upper right", fontsize=FONT - 1)
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)

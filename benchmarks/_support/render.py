@@ -1,0 +1,102 @@
+"""The one renderer of `docs/benchmarks.md`: the page and its plots, from saved
+results alone. `benchmarks/results/published.json` names what each section is
+written from (paths from the repository's root): `report`, the report's data
+files, merged in order (a suite run alone replaces that suite's groups);
+`compare_stability`, `[label, file]` pairs; `pytree_orders`, a file;
+`orders`, `[title, file]` pairs, a section each; `gpu_report`, a GPU run's
+lines. `report.py --render` writes the page from them; `report.py`,
+`probes/orders.py --report` and `probes/gpu_report.py --report` name their
+file there first (`publish`). Each section names its file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from _support import report_pages, study_pages
+
+BENCH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(BENCH)
+INDEX = os.path.join(BENCH, "results", "published.json")
+PAGE = os.path.join(ROOT, "docs", "benchmarks.md")
+
+
+def load_report(paths: list[str], root: str = ROOT) -> dict:
+    """The report's data files merged: the first gives the run's header; each
+    suite's groups (and the donation rows, the two-process suite) come from
+    the last file that measured them, which `sources` names per section."""
+    out: dict = {"groups": {}, "sources": {}}
+    for path in paths:
+        with open(os.path.join(root, path)) as f:
+            data = json.load(f)
+        for key in ("time", "quick", "env", "seconds"):
+            out.setdefault(key, data.get(key))
+        if data.get("donation"):
+            out["donation"], out["sources"]["donation"] = data["donation"], path
+        if data.get("hosts"):
+            out["hosts"], out["sources"]["hosts"] = data["hosts"], path
+        suites = data.get("suites") or {}
+        for suite in {g["suite"] for g in suites.get("groups", {}).values()}:
+            out["groups"] = {k: v for k, v in out["groups"].items() if v["suite"] != suite}
+            out["sources"][suite] = path
+        out["groups"].update(suites.get("groups", {}))
+        if suites.get("share_memory"):
+            out["share_memory"] = suites["share_memory"]
+        if suites.get("returncode"):
+            out["failed"] = suites
+    return out
+
+
+def page(index: dict, root: str = ROOT, img: str | None = None) -> list[str]:
+    """The whole page from `index` (`published.json`'s form); with `img`, its
+    plots into that folder."""
+    lines = []
+    if index.get("report"):
+        report = load_report(index["report"], root)
+        if img is not None:
+            report_pages.plots(report, img)
+        lines += report_pages.report_sections(report)
+    if index.get("compare_stability"):
+        lines += study_pages.compare_stability_section(index["compare_stability"], root)
+    if index.get("pytree_orders"):
+        with open(os.path.join(root, index["pytree_orders"])) as f:
+            lines += study_pages.pytree_orders_section(json.load(f), index["pytree_orders"])
+    for title, path in index.get("orders", []):
+        with open(os.path.join(root, path)) as f:
+            lines += study_pages.orders_section(json.load(f), title, path)
+    return lines + report_pages.REPRODUCING
+
+
+def read_index(path: str = INDEX) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+def write(output: str = os.path.dirname(PAGE), index: dict | None = None, plots: bool = True) -> str:
+    """`<output>/benchmarks.md` (and its plots under `<output>/img/`) from
+    `index` (default: `published.json`); returns the page's path."""
+    path = os.path.join(output, "benchmarks.md")
+    lines = page(read_index() if index is None else index, ROOT, os.path.join(output, "img") if plots else None)
+    os.makedirs(output, exist_ok=True)
+    with open(path, "w") as f:
+        f.write("\n".join(lines))
+    return path
+
+
+def publish(kind: str, value, index_path: str = INDEX, output: str = os.path.dirname(PAGE), add: bool = True) -> str:
+    """Names `value` as the results of `kind` in the index (`report`: a file
+    added to the list, or with `add=False` the only one; `orders`: a `[title,
+    file]` pair, replacing one of that title; any other kind: replaced), then
+    writes the page from it; returns the page's path."""
+    index = read_index(index_path) if os.path.exists(index_path) else {}
+    if kind == "report":
+        index["report"] = [p for p in index.get("report", []) if p != value and add] + [value]
+    elif kind == "orders":
+        index["orders"] = [o for o in index.get("orders", []) if o[0] != value[0]] + [value]
+    else:
+        index[kind] = value
+    with open(index_path, "w") as f:
+        json.dump(index, f, indent=1)
+        f.write("\n")
+    return write(output, index)
