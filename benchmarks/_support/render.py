@@ -65,6 +65,8 @@ def page(index: dict, root: str = ROOT, img: str | None = None) -> list[str]:
     for title, path in index.get("orders", []):
         with open(os.path.join(root, path)) as f:
             lines += study_pages.orders_section(json.load(f), title, path)
+    if index.get("gpu_report"):
+        lines += study_pages.gpu_render(os.path.join(root, index["gpu_report"]), root, img)
     return lines + report_pages.REPRODUCING
 
 

@@ -1,19 +1,302 @@
 """The sections of `docs/benchmarks.md` the studies' results make (`render.py`
-puts them after the report's own, `report_pages.py`): a suite's groups once
-per build order (`orders_section`), the plain-pytree rows once per build
-order (`pytree_orders.py`'s saved runs), and `compare_donation` against
-hand-written loops (`compare_stability.py`'s saved runs, the ranges taken
-again from the saved rounds with the rule `compare_donation` has now). Pure
-formatting.
+puts them after the report's own, `report_pages.py`): one GPU run of
+`probes/gpu_report.py` (`gpu_render`), a suite's groups once per build order
+(`probes/orders.py`), and the saved runs of two studies since removed
+(`pytree_orders.py`; `compare_stability.py`, its ranges taken again from the
+saved rounds with the rule `compare_donation` has now). Pure formatting.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 
 from _support import report_pages, runner
+
+#
+# One GPU run (`probes/gpu_report.py`)
+#
+
+# row -> (filtx over which variant the target reads, target); the last compiles longest
+ROWS = {"inference-100": ("jax.jit", 0.55), "adam-loop-10": ("floor+build", 1.05),
+        "adam-loop-100": ("floor+build", 1.05), "dict-adam-10-donate": ("floor", 1.10),
+        "dict-adam-100-donate": ("floor", 1.05), "gru-rollout": ("jax.jit", 1.0),
+        "mlp-2-layer": ("jax.jit", 0.9), "inference-1000": ("jax.jit", 0.45)}
+BOUNDS = {"inference-100": "floor", "inference-1000": "floor", "gru-rollout": "floor",  # no wrapper beats these
+          "mlp-2-layer": "floor+build", "adam-loop-10": "floor+build", "adam-loop-100": "floor+build",
+          "dict-adam-10-donate": "floor", "dict-adam-100-donate": "floor"}
+UNITS = ("filtx", "base")  # the two builds of every row
+FIRST_VARIANTS = ("filtx", "jax.jit-params", "eqx")
+FIRST_NAMES = {"filtx": "filtx", "jax.jit-params": "jax.jit", "eqx": "eqx"}
+FIRST_TARGET = 1.0
+PEAK_STEPS = 20
+
+
+def gpu_loop_summaries(lines: list[dict]) -> list[dict]:
+    """Per row: filtx over each other variant, the geometric mean over the
+    processes (build orders) of their median per-round ratios; the target
+    checked on it (`balanced`: both orders measured); the row's bound over
+    the baseline (`bound_over`: no wrapper reads lower)."""
+    out = []
+    for row, (over, target) in ROWS.items():
+        runs = [x for x in lines if x.get("kind") == "loop" and x["row"] == row]
+        if not runs:
+            out.append({"row": row, "runs": 0, "target": target, "over": over, "met": None})
+            continue
+        ratios = {v: runner.geometric_mean([r["filtx_over"][v] for r in runs]) for v in runs[0]["filtx_over"]}
+        bound = BOUNDS.get(row)
+        bound_over = ratios[over] / ratios[bound] if bound in ratios else (1.0 if bound == over else None)
+        out.append({"row": row, "runs": len(runs), "bound": bound, "bound_over": bound_over,
+                    "balanced": len({tuple(r["order"]) for r in runs}) == len(UNITS), "filtx_over": ratios,
+                    "per_order": {",".join(r["order"]): r["filtx_over"][over] for r in runs},
+                    "ms_per_step": {v: 1e3 * statistics.median(r["seconds"][v] for r in runs) for v in runs[0]["seconds"]},
+                    "over": over, "target": target, "met": ratios[over] <= target})
+    return out
+
+
+def verdict(met, balanced=True) -> str:
+    return "not measured" if met is None else ("met" if met else "NOT met") + ("" if balanced else " (one build order only)")
+
+
+PARTS_COLUMNS = ("floor", "floor + build", "jax.jit", "filtx", "flatten", "prepare", "unflatten", "filtx build")
+
+
+def parts_table(lines: list[dict]) -> list[str]:
+    """`step_parts.py --json`'s lines as tables: µs per step, filtx over the
+    floor + build; each loop's host time beside its total."""
+    parts = [x for x in lines if x.get("kind") == "parts"]
+    if not parts:
+        return []
+    out = ["", "| Adam loop parts, array leaves | " + " | ".join(PARTS_COLUMNS) + " | filtx / (floor + build) |",
+           "|---:|" + "---:|" * (len(PARTS_COLUMNS) + 1)]
+    for x in parts:
+        sec = x["seconds"]
+        ratio = f"{sec['filtx'] / sec['floor + build']:.3f}" if {"filtx", "floor + build"} <= set(sec) else "—"
+        out.append(f"| {x['leaves']} | " + " | ".join(f"{sec[k] * 1e6:.1f}" if k in sec else "—"
+                                                     for k in PARTS_COLUMNS) + f" | {ratio} |")
+    out.append("(µs per step; the loops over the same rounds, interleaved; the parts timed alone, best of 7)")
+    hosts = [x for x in parts if x.get("host")]
+    if hosts:
+        names = list(hosts[0]["host"])
+        out += ["", "| Adam loop, array leaves | " + " | ".join(f"{n}: host / total" for n in names) + " |",
+                "|---:|" + "---:|" * len(names)]
+        out += [f"| {x['leaves']} | " + " | ".join(f"{h * 1e6:.1f} / {t * 1e6:.1f}" for h, t in
+                                                   (x["host"][n] for n in names)) + " |" for x in hosts]
+        out.append("(µs per step: *host* until the last step is dispatched, *total* until its results are ready; "
+                   "host near total: the host is busy all along, or waits on the device every step)")
+    return out
+
+
+GPU_SECTION = "## On one GPU, the build order balanced (`probes/gpu_report.py`)"
+GPU_PLOT = "gpu_report.png"
+ROW_WHAT = {"inference-100": "a model passed unchanged, 100 leaves",
+            "inference-1000": "a model passed unchanged, 1000 leaves",
+            "adam-loop-10": "donating Adam loop, 10 leaves", "adam-loop-100": "donating Adam loop, 100 leaves",
+            "dict-adam-10-donate": "Adam step on dict parameters, 10 leaves",
+            "dict-adam-100-donate": "Adam step on dict parameters, 100 leaves",
+            "gru-rollout": "GRU cell rollout", "mlp-2-layer": "2-layer MLP Adam step"}
+
+
+def gpu_run_info(jsonl_path: str) -> dict:
+    """When and where a saved run ran: the date, time, host and driver from
+    the header `gpu_report.sh` writes to the log beside the lines, else the
+    date from the folder's name (`.../2026-11-28/`)."""
+    folder = os.path.dirname(os.path.abspath(jsonl_path))
+    name = os.path.basename(folder)
+    info = {"when": name if re.fullmatch(r"\d{4}-\d\d-\d\d", name) else None, "host": None, "driver": None}
+    try:
+        with open(os.path.join(folder, "gpu_report.log")) as f:
+            head = [next(f, "") for _ in range(4)]
+    except OSError:
+        return info
+    found = re.match(r"# gpu_report\.sh, (\d{4}-\d\d-\d\d \d\d:\d\d):\d\d UTC, [^,]*, (\d+) cores", head[0])
+    if found:
+        info.update(when=found.group(1) + " UTC", host=f"{found.group(2)} host cores")
+    driver = next((line for line in head[1:] if re.match(r"\d+\.\d+(\.\d+)?, \d+ MiB, \d+ MHz", line)), None)
+    if driver:
+        info["driver"] = driver.split(",")[0].strip()
+    return info
+
+
+def cuda_versions(env: dict) -> str:
+    """`CUDA 13.0 (cuBLAS 13.1.0, cuDNN 9.19.0)` from an environment record, or what of it is there."""
+    def dotted(n, thousands: bool) -> str:
+        if not isinstance(n, int):
+            return str(n)
+        return f"{n // 1000}.{n % 1000 // 10}" if thousands else f"{n // 10000}.{n % 10000 // 100}.{n % 100}"
+
+    cuda = env.get("cuda") or {}
+    runtime = cuda.get("cuda_runtime_get_version")
+    if runtime is None:
+        version = str(env.get("platform_version") or "?")
+        return version if not version.startswith("cuda ") else f"CUDA {dotted(int(version.split()[1]), True)}"
+    libraries = [f"{label} {dotted(cuda[key], False)}" for label, key in
+                 (("cuBLAS", "cublas_get_version"), ("cuDNN", "cudnn_get_version")) if key in cuda]
+    return f"CUDA {dotted(runtime, True)}" + (f" ({', '.join(libraries)})" if libraries else "")
+
+
+def gpu_section(lines: list[dict], info: dict, jsonl: str) -> list[str]:
+    """A GPU run's section: where and when, the loops order-balanced with each
+    order's figure and the targets, the first calls, a step's parts, the 4 MB
+    device peak. `jsonl`: the saved lines' path, as the command names it."""
+    env = next((x for x in lines if x.get("kind") == "env"), {})
+    done = next((x for x in lines if x.get("kind") == "done"), {})
+    where = ", ".join(p for p in (info.get("host"), info.get("driver") and "driver " + info["driver"]) if p)
+    plugins = "; " + ", ".join(env["plugins"]) if env.get("plugins") else ""
+    rounds = sorted({x["rounds"] for x in lines if x.get("kind") == "loop"})
+    out = [
+        GPU_SECTION, "",
+        f"Measured {info.get('when') or '?'} on one {env.get('device_kind', '?')}"
+        f"{f' ({where})' if where else ''}, {cuda_versions(env)}, JAX {env.get('jax', '?')} "
+        f"(jaxlib {env.get('jaxlib', '?')}{plugins}), "
+        f"Equinox {env.get('equinox', '?')}, optax {env.get('optax', '?')}, Python {env.get('python', '?')}"
+        f"{'; the run took %.0f s' % done['wall_s'] if 'wall_s' in done else ''}. "
+        "Every other section of this page was measured on CPU. On a GPU machine the run is "
+        "`OUT=DIR bash benchmarks/probes/gpu_report.sh`; this section and its plot are made from "
+        f"the lines it saved with `python benchmarks/probes/gpu_report.py --summarize {jsonl} "
+        "--report docs/benchmarks.md`.",
+        "",
+        "The timed loops are the suites' own steps (`suites/bench_dispatch.py`, `suites/bench_pytrees.py`). "
+        "Each row's two builds, filtx's and its baseline's, were made in each order, in a fresh process "
+        f"per order; in a process the variants were timed round-robin ({', '.join(map(str, rounds))} rounds, "
+        "a fresh state each round), and its figure is the median of the per-round ratios; *order-balanced* is "
+        "the geometric mean of the two orders' figures, and *ms/step* the median over both processes. "
+        "`jax.jit` is `jax.jit` on the partitioned parameters (`jax.jit-params`); the floor is `jax.jit` on "
+        "the flat list of leaves, and the floor + build the same executable with its outputs built into "
+        "the model and optimiser state every step. What each figure shows, and what earlier fixed-order "
+        "figures said, is in the [performance notes](performance-notes.md#on-one-gpu-the-build-order-balanced).",
+        "",
+        "| row | what | filtx over | order-balanced | filtx built first | baseline built first | "
+        "filtx ms/step | baseline ms/step | target |",
+        "|---|---|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for s in gpu_loop_summaries(lines):
+        what = ROW_WHAT.get(s["row"], "")
+        if not s["runs"]:
+            out.append(f"| {s['row']} | {what} | {s['over']} | — | — | — | — | — | "
+                       f"<= {s['target']:.2f}x: not measured |")
+            continue
+        per = {k.split(",")[0]: v for k, v in s["per_order"].items()}
+        others = ", ".join(f"{v} {r:.3f}" for v, r in s["filtx_over"].items() if v != s["over"])
+        first, base = (f"{per[k]:.3f}" if k in per else "—" for k in ("filtx", "base"))
+        bound = ""
+        if s["bound_over"] is not None and s["bound"] != s["over"]:  # the lowest any wrapper can read
+            reach = "within reach" if s["bound_over"] <= s["target"] else "out of reach by construction"
+            bound = f"; the {s['bound']} reads {s['bound_over']:.3f}x: {reach}"
+        out.append(f"| {s['row']} | {what} | `{s['over']}`{' (' + others + ')' if others else ''} | "
+                   f"{s['filtx_over'][s['over']]:.3f} | {first} | {base} | "
+                   f"{s['ms_per_step']['filtx']:.4f} | {s['ms_per_step'][s['over']]:.4f} | "
+                   f"<= {s['target']:.2f}x: {verdict(s['met'], s['balanced'])}{bound} |")
+    out += ["", f"![The timed loops' filtx time over the baseline's on {env.get('device_kind', 'the GPU')}, "
+            "order-balanced, each order's figure and the target; the first call under each wrapper, "
+            f"every process's figure; lower is better](img/{GPU_PLOT})", ""]
+    out += first_call_section(lines)
+    parts = parts_table(lines)
+    if parts:
+        out += ["**Where a donating Adam step's time goes on this device** (`step_parts.py`'s profile, a fresh "
+                "process per size, each loop 100 pipelined steps):", *parts, ""]
+    return out + peak_section(lines)
+
+
+def first_calls(lines: list[dict]) -> dict:
+    """Wrapper -> its processes' `first_call` lines, in run order."""
+    calls = {FIRST_NAMES[v]: [x for x in lines if x.get("kind") == "first_call" and x["variant"] == v]
+             for v in FIRST_VARIANTS}
+    return {k: v for k, v in calls.items() if v}
+
+
+def first_call_section(lines: list[dict]) -> list[str]:
+    mine = first_calls(lines)
+    if not mine:
+        return ["The first call was not measured in this run.", ""]
+    median = {k: statistics.median(x["first_s"] for x in xs) for k, xs in mine.items()}
+    ratios = {k: median["filtx"] / median[k] for k in ("jax.jit", "eqx") if "filtx" in mine and k in mine}
+    met = (len(ratios) == 2 and all(r <= FIRST_TARGET for r in ratios.values())) if ratios else None
+    out = [
+        "**The first call** of a fresh 100-leaf MLP Adam step (`suites/bench_first_call.py`'s step: trace, "
+        "lower, compile and one step, blocked on), each wrapper in fresh processes of its own, the wrappers' "
+        "order rotating, the persistent compilation cache off; split by JAX's monitoring events. *Rest*: "
+        "the first call less XLA's compile (tracing, lowering, the wrapper's host work and the step), "
+        "per process. The *second call* is where filtx builds its output builder. Seconds.",
+        "",
+        "| wrapper | first call, each process in run order | median | XLA's compile, median | rest, median | "
+        "second call, median | filtx's median over this |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for name, xs in mine.items():
+        ratio = ratios.get(name)
+        each = ", ".join(f"{x['first_s']:.3f}" for x in xs)
+        out.append(f"| {name} | {each} | {median[name]:.3f} | "
+                   f"{statistics.median(x['compile_s'] for x in xs):.3f} | "
+                   f"{statistics.median(x['first_s'] - x['compile_s'] for x in xs):.3f} | "
+                   f"{statistics.median(x['second_s'] for x in xs):.4f} | "
+                   f"{'—' if ratio is None else f'{ratio:.3f}'} |")
+    compared = " and ".join(f"{r:.3f}x {k}'s" for k, r in ratios.items()) or "not compared"
+    out += ["", f"Target: filtx's median first call <= {FIRST_TARGET:.2f}x both `jax.jit`'s and Equinox's: "
+            f"{compared}, {verdict(met)}."]
+    if "filtx" in mine:
+        pairs = [f"{sum(a['first_s'] < b['first_s'] for a in mine['filtx'] for b in xs)} of "
+                 f"{len(mine['filtx']) * len(xs)} pairs with {name}" for name, xs in mine.items() if name != "filtx"]
+        spread = ", ".join(f"{k} {min(x['first_s'] for x in xs):.3f}-{max(x['first_s'] for x in xs):.3f} s"
+                           for k, xs in mine.items())
+        out[-1] += (f" A process's first call ranged over {spread}; filtx's process was the faster in "
+                    f"{' and '.join(pairs)}.")
+    hlo = {x["variant"]: x for x in lines if x.get("kind") == "hlo"}  # runs before 2026-11-29 compared programs
+    if hlo:
+        groups: dict = {}
+        for name, x in hlo.items():
+            groups.setdefault(x["structure_hash"], []).append(name)
+        described = [f"{' and '.join(names)}: {hlo[names[0]]['instructions']} instructions, "
+                     f"{hlo[names[0]]['parameters']} parameters, {hlo[names[0]]['outputs']} outputs, "
+                     f"{hlo[names[0]]['aliased']} aliased (structure hash {h})" for h, names in groups.items()]
+        timed = {x.get("job"): x for xs in mine.values() for x in xs}
+        again = [f"{name} {x['again_compile_s']:.3f} s" + (f" (its timed first compile {timed[x['job']]['compile_s']:.3f})"
+                                                          if x.get("job") in timed else "") for name, x in hlo.items()]
+        out += ["", "The programs each wrapper compiles (lowered and compiled again ahead of time in its first "
+                "process; `first_call_hlo.txt` beside the saved lines): " + "; ".join(described) + ". "
+                "XLA's compile of the same program again in the same process, after `jax.clear_caches()`: "
+                + ", ".join(again) + "."]
+    return out + [""]
+
+
+def peak_section(lines: list[dict]) -> list[str]:
+    peaks = [x for x in lines if x.get("kind") == "peak" and "peak_mib" in x]
+    if not peaks:
+        return []
+    xla = next((x["xla_peak_mib"] for x in peaks if x.get("xla_peak_mib")), None)
+    out = [f"**The 4 MB non-donating device peak** (`compare_stability.py`'s step: an `eqx.nn.MLP` of width "
+           f"1024, Adam, a batch of 64; one state, parameters and Adam's moments, is "
+           f"{peaks[0].get('state_mib'):.2f} MiB{f'; XLA figures the step at {xla:.2f} MiB' if xla else ''}): "
+           "`filtx.compare_donation`'s reading for mode `none` against a loop of that mode alone "
+           f"({PEAK_STEPS} steps), pipelined and blocked after every step, each measured above the process's "
+           "high-water mark filled first; two processes, each measuring one side first. *Running at the end*: "
+           "the loop's steps still running when its last was dispatched.", "",
+           "| what | process measured first | MiB | states | running at the end |", "|---|---|---:|---:|---:|"]
+    out += [f"| {x['what']} | {x['first']} | "
+            f"{'— (the loop stayed below the mark)' if x.get('peak_mib') is None else x['peak_mib']} | "
+            f"{'—' if x.get('states') is None else x['states']} | {x.get('in_flight_at_last_dispatch', '—')} |"
+            for x in peaks]
+    return out + [""]
+
+
+def gpu_render(jsonl_path: str, root: str, img: str | None = None) -> list[str]:
+    """A GPU run's section, from the lines it saved (`jsonl_path`, named in the
+    section relative to `root`); its plot into the folder `img`, if given."""
+    with open(jsonl_path) as f:
+        lines = [json.loads(line) for line in f if line.strip()]
+    shown, info = os.path.relpath(os.path.abspath(jsonl_path), root), gpu_run_info(jsonl_path)
+    if img is not None:
+        from _support import report_plots
+
+        env = next((x for x in lines if x.get("kind") == "env"), {})
+        os.makedirs(img, exist_ok=True)
+        report_plots.plot_gpu_report(
+            gpu_loop_summaries(lines), first_calls(lines), os.path.join(img, GPU_PLOT),
+            f"On one {env.get('device_kind', 'GPU')} (JAX {env.get('jax', '?')}), {info['when'] or ''}")
+    return gpu_section(lines, info, jsonl_path if shown.startswith("..") else shown)
+
 
 #
 # A suite's groups once per build order (`probes/orders.py`)
@@ -187,5 +470,3 @@ def compare_stability_section(sources: list[list[str]], root: str) -> list[str]:
                         f"{min(peaks) / 2**20:.1f}-{max(peaks) / 2**20:.1f} MiB, a loop alone "
                         f"{loop / 2**20:.1f} MiB, XLA {runs[0]['rows'][mode]['peak'] / 2**20:.1f} MiB.")
     return lines + report_pages.table(head, cells) + [""] + notes + [""]
-
-
