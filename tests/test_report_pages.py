@@ -34,6 +34,25 @@ def test_a_round_robin_rotates_its_rounds_and_keeps_each_cases_figures():
     assert all(len(timed.seconds[n]) == 4 and timed.results[n] == [n] * 4 for n in "abc")
 
 
+def test_an_orders_study_is_summarised_over_its_build_orders():
+    def group(order, ratio):  # one process's group, as the suite's ratio file has it
+        variants = {"floor": [1.0] * 3, "filtx": [ratio] * 3}
+        return {"baseline": "floor", "unit": "step", "variants": {
+            v: {"median_s": 1e-3, "rounds": 3, "round_s": [1e-3 * x for x in rounds], "built_at": order.index(v)}
+            for v, rounds in variants.items()}}
+
+    orders = [tuple(("floor", "filtx")[i] for i in row) for row in runner.orders(2)]
+    saved = {"when": "today", "args": "suite.py", "env": {"cpu": "cpu", "cores": 2, "jax": "0"},
+             "targets": [["g", "filtx", "floor", 1.05]],
+             "processes": [{"order": k, "groups": {"g": group(o, 1.2 if o[0] == "floor" else 0.8)}}
+                           for k, o in enumerate(orders)]}
+    (s,) = study_pages.orders_summary(saved)
+    assert abs(s["balanced"] - (1.2 * 0.8) ** 0.5) < 1e-12 and s["met"]  # the geometric mean over the orders
+    assert s["each"] == [(1.2, True), (0.8, False)]  # built after the floor, and before it
+    text = "\n".join(study_pages.orders_section(saved, "Groups", "x.json"))
+    assert "| `g` | filtx | floor | 1.000 | 0.980 | 1.200 | 0.800 | 1.05x: met |" in text
+
+
 def test_a_section_replaces_its_own_and_nothing_else(tmp_path):
     page = tmp_path / "benchmarks.md"
     page.write_text("\n".join(["# Benchmarks", "", "## A", "old", "## Reproducing", "x"]))

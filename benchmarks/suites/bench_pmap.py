@@ -30,8 +30,11 @@ and already laid out across the devices.
   `filter_jit` (donating and not), against `jax.jit(jax.shard_map,
   donate_argnums=0)` and the donating floor (baseline). Target: <= 1.02x.
 
-Under `--benchmark-disable` each body runs once (a smoke test; the steps on a
-4-leaf MLP).
+The steps' variants are built in the order they are prepared (collection
+order, the floor first, or with `FILTX_BENCH_BUILD_ORDER=k` the k-th order of
+a balanced Latin square): `probes/orders.py` runs the groups once per order
+and checks the targets on the balanced figure. Under `--benchmark-disable`
+each body runs once (a smoke test; the steps on a 4-leaf MLP).
 """
 
 import functools as ft

@@ -27,12 +27,11 @@ round-robin (`_support/interleave.py`):
 Each round starts from fresh copies of the state (made in its untimed setup).
 
 In one process the variants are built in collection order, the floor first,
-and on CPU a program compiled earlier in a process runs faster than the same
-program compiled later (by up to a fifth at 1000 parameter leaves; see the
-performance notes, "The order the variants are built in"). So at 100 and 1000
-leaves this suite's ratios over the floor read high; `pytree_orders.py` runs
-the same rows once per build order, a fresh process each, and checks issue
-35's targets against the order-balanced figure.
+and on CPU a program compiled earlier runs faster than the same program
+compiled later (by up to a fifth at 1000 parameter leaves: the performance
+notes, "The order the variants are built in"), so at 100 and 1000 leaves
+these ratios read high; `probes/orders.py` runs the suite once per build
+order (`FILTX_BENCH_BUILD_ORDER`) and checks the targets on the balanced figure.
 
 Under `FILTX_BENCH_QUICK=1` (`report.py --quick`): 3 rounds, 10 and 100
 leaves, and a flat dict of 1,000.
