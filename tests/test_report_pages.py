@@ -1,6 +1,7 @@
 """The benchmark report's page is written from saved results alone
-(`benchmarks/_support/render.py`), a section at a time, and the orders the
-runner times and builds in are balanced."""
+(`benchmarks/_support/render.py`): `docs/benchmarks.md` is what its results
+files (`benchmarks/results/published.json`) render to, every section names
+its file, and the build orders a study balances over are balanced."""
 
 import itertools
 import json
@@ -11,6 +12,23 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [os.path.join(ROOT, "benchmarks")]  # _support
 
 from _support import render, report_pages, runner, study_pages  # noqa: E402
+
+
+def test_the_page_is_what_its_results_render_to():
+    page = open(render.PAGE, encoding="utf-8").read().split("\n")
+    assert render.page(render.read_index()) == page  # `report.py --render` writes it again, line for line
+
+
+def test_every_section_names_its_results_file():
+    page = open(render.PAGE, encoding="utf-8").read()
+    index = render.read_index()
+    named = [*index["report"], *(p for _, p in index["compare_stability"]), index["pytree_orders"],
+             *(p for _, p in index["orders"]), index["gpu_report"]]
+    for path in named:
+        assert os.path.exists(os.path.join(ROOT, path)), path
+    sections = page.split("\n## ")[1:-1]  # all but the title and "Reproducing"
+    for section in sections:  # each names its file, or (compare_stability's runs) its folder
+        assert any(path in section or os.path.dirname(path) + "/" in section for path in named), section[:80]
 
 
 def test_the_build_orders_are_balanced():
