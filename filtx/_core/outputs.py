@@ -41,6 +41,14 @@ from .share import pattern_of
 
 __all__ = ["Carrier", "OutputForm", "flattened", "pack_outputs", "parts", "unpack"]
 
+# How many times an output is built by `treedef.unflatten` (the reference) before
+# filtx writes its builder (`_fastpath.builder`), which the later builds use.
+# Writing one costs what a couple of hundred of its builds save (for the Adam
+# step of a 100-leaf MLP on CPU, about 5 ms against 28 us a build): a step called
+# 32 times or fewer never pays it, and a benchmark's loop switches in its first
+# round. See docs/performance-notes.md, "The second call".
+PLAIN_BUILDS = 32
+
 
 class OutputInfo:
     """How to rebuild one trace's output. Compared by identity: it rides in a
@@ -48,12 +56,13 @@ class OutputInfo:
 
     __slots__ = (
         "treedef", "statics", "merge", "expand", "take", "direct", "positions", "slots", "slot_types", "unflatten",
-        "_flat", "build", "carrier",
+        "_flat", "build", "carrier", "builds",
     )
 
     def __init__(self, treedef, statics: tuple, merge, expand, take, direct: bool, positions: list):
         self.treedef = treedef
-        self.unflatten = self._first_build  # then a builder made for this structure (see _builder)
+        self.unflatten = self._plain_build  # then a builder made for this structure (see _plain_build)
+        self.builds = 0  # how many times _plain_build built this output
         self.positions = positions  # the leaf position of every unique array output
         self.slots = reusable_slots(treedef)  # reusable objects in the output (see _reuse)
         self.slot_types: list | None = None
@@ -81,13 +90,13 @@ class OutputInfo:
     def _build(self, arrays) -> Any:
         return self.unflatten(self.leaves(arrays))
 
-    def _first_build(self, leaves) -> Any:
-        """The first build of this output: `treedef.unflatten`. The second makes the
-        builder the next builds use (`treedef.unflatten` where none can be made)."""
-        self.unflatten = self._second_build
-        return self.treedef.unflatten(leaves)
-
-    def _second_build(self, leaves) -> Any:
+    def _plain_build(self, leaves) -> Any:
+        """`treedef.unflatten`, the reference, for this output's first
+        `PLAIN_BUILDS` builds; the next one writes the builder the later builds
+        use (`treedef.unflatten` itself where none can be made)."""
+        self.builds += 1
+        if self.builds <= PLAIN_BUILDS:
+            return self.treedef.unflatten(leaves)
         builder = make_builder(self.treedef, leaves) if self.treedef.num_nodes > 1 else None
         self.unflatten = builder or self.treedef.unflatten
         if self.build == self._build and self.direct and self.take is None:
@@ -166,8 +175,9 @@ class OutputForm:
 
     def builder_sources(self) -> tuple[str, ...]:
         """The source of every output builder filtx wrote for this entry's outputs
-        (`_fastpath.builder`; for `filtx.explain`): none before the second call,
-        nor where JAX's C++ unflatten builds the outputs (no Equinox Module in them)."""
+        (`_fastpath.builder`; for `filtx.explain`): none before the outputs were
+        built `PLAIN_BUILDS + 1` times, nor where JAX's C++ unflatten builds them
+        (no Equinox Module in them)."""
         infos = () if self.info is None else (self.info, self.info._flat)  # (its flat form, once made)
         sources = (generated_source(i.unflatten) for i in infos if i is not None)
         return tuple(dict.fromkeys(s for s in sources if s is not None))

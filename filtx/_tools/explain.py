@@ -54,7 +54,8 @@ class Explanation:
       call's structure, its leaf types compared; None where there is no layout now;
       `layout_note` says which, and why;
     - `builders`: the code filtx wrote to build `filter_jit` outputs that hold
-      Equinox Modules (other outputs are built by JAX's C++ unflatten).
+      Equinox Modules, from an output's 33rd build on (the builds before, and
+      other outputs, are JAX's own unflatten).
 
     ```python
     import jax.numpy as jnp
