@@ -219,6 +219,23 @@ def test_models_inside_an_optimiser_states_namedtuples_are_reused_too(monkeypatc
         np.testing.assert_allclose(np.asarray(u), np.asarray(v))
 
 
+def test_a_call_spliced_from_records_takes_the_plan_of_the_same_call_flattened(monkeypatch):
+    """A loop's second call passes what the first returned: spliced from the
+    records, its cache key is not the flattened call's, but its structure and leaf
+    types are, so it takes that call's plan instead of resolving every leaf's
+    role again."""
+    model, opt_state, step = make()
+    f = filtx.filter_jit(step, donate="arrays")
+    resolved = []
+    resolve = f._boundary.resolver.resolve
+    monkeypatch.setattr(f._boundary.resolver, "resolve", lambda root: resolved.append(root) or resolve(root))
+    state = (model, opt_state)
+    for _ in range(3):
+        *state, _ = f(*state, jnp.ones((4, 3)))
+    assert len(resolved) == 1  # the first call's
+    assert len(f._boundary.plans) == 2 and len(set(map(id, f._boundary.plans.values()))) == 1  # one plan, two keys
+
+
 class Swapped(tuple):
     """A namedtuple-like node registered to flatten its items in reverse order."""
 

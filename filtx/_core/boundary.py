@@ -175,6 +175,10 @@ class Boundary:
     def _new_plan(self, fun, args, kwargs, key, types) -> Plan:
         root = (fun, args, kwargs)
         treedef = key if not isinstance(key, tuple) else jax.tree_util.tree_structure(root)
+        if treedef is not key:  # a call spliced from records: the plan of the same call flattened, if made
+            plan = self.plans.get((treedef, types))
+            if plan is not None:
+                return insert_bounded(self.plans, (key, types), plan, MAX_PLANS, self.lock)
         rules = self.resolver.resolve(root)
         static_types = static_types_of(types, rules)
         plan = canonical_plan(self.canonical, treedef, rules, static_types, self.resolver.with_axes, self.lock)
