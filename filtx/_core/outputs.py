@@ -245,9 +245,10 @@ def pack_outputs(
     axes = axes_of(out) if axes_of is not None else None
     if axes is not None:
         leaves = [_broadcastable(x, a, out, i) for i, (x, a) in enumerate(zip(leaves, axes))]
-    mask = [is_array(x) or is_ref(x) for x in leaves]
-    if axes is None and any(map(is_ref, leaves)):
-        raise returned_ref_error(out, [i for i, x in enumerate(leaves) if is_ref(x)][0])
+    refs = list(map(is_ref, leaves))
+    mask = [r or is_array(x) for x, r in zip(leaves, refs)]
+    if axes is None and any(refs):
+        raise returned_ref_error(out, refs.index(True))
     check_returned_statics(out, leaves, mask, inputs)
     positions = [i for i, m in enumerate(mask) if m]
     pattern = None
