@@ -16,6 +16,7 @@ import pytest
 
 import filtx
 from filtx._base.generated import generated_source
+from filtx._core import outputs
 from filtx._core.outputs import PLAIN_BUILDS
 from filtx._fastpath import builder
 from filtx._fastpath.builder import _same_nodes, make_builder
@@ -197,3 +198,21 @@ def test_the_call_that_writes_the_builder_and_the_calls_around_it_build_the_same
         mine, reference = out[:2], expected[:2]
     (source,) = written
     assert source.startswith("def _s0(L):") and "def build(L):" in source
+
+
+@pytest.mark.parametrize("name", list(structures()))
+def test_filter_jit_outputs_built_by_a_builder_written_on_the_first_build(name, monkeypatch):
+    """Steps in tests are rarely called 33 times: here every output's builder is
+    written on its first build, every repeated subtree a function, and the
+    outputs are Equinox's."""
+    monkeypatch.setattr(outputs, "PLAIN_BUILDS", 0)
+    monkeypatch.setattr(builder, "SHARED_MIN_NODES", 1)
+    tree = structures()[name]
+
+    def double(t):
+        return jax.tree.map(lambda v: v * 2 if eqx.is_array(v) else v, t)
+
+    ours, theirs = filtx.filter_jit(double), eqx.filter_jit(double)
+    for _ in range(2):
+        _assert_same_output(ours(tree), theirs(tree))
+    assert filtx.explain(ours).builders
