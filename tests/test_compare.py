@@ -475,3 +475,20 @@ def test_compare_donation_shows_its_bar_in_a_notebook_by_default(monkeypatch, ca
     assert "compare_donation(momentum_sgd) [" in err and "2/2 rounds" in err
     filtx.compare_donation(momentum_sgd, *state(), modes="arrays", rounds=2, calls=2, progress=False)
     assert "compare_donation" not in capsys.readouterr().err
+
+
+def test_a_comparisons_rows_bound_their_calls_in_flight_with_the_wrappers_option():
+    # Over several virtual CPU devices, too many queued steps abort XLA: the rows'
+    # wrappers carry max_in_flight (the mechanism users have), not a loop of the tool's own.
+    from filtx._tools.compare.modes import make_runs
+
+    mesh = jax.make_mesh((8,), ("d",), axis_types=(AxisType.Explicit,))
+    w = jax.device_put(jnp.ones((8, 4)), NamedSharding(mesh, P("d")))
+    runs = make_runs(filtx.filter_jit(lambda w: (w * 0.5, jnp.sum(w))), (w,), {}, None, None)
+    for run in runs:
+        run.start()
+        assert run.error is None and run.bind.max_in_flight == 4 and run.window is None
+    one = make_runs(filtx.filter_jit(lambda w: (w * 0.5, jnp.sum(w))), (jnp.ones(3),), {}, None, None)
+    assert all(run.bind.max_in_flight is None for run in one)
+    result = filtx.compare_donation(filtx.filter_jit(lambda w: (w * 0.5, jnp.sum(w))), w, rounds=2, calls=8)
+    assert all(row.error is None for row in result.rows)

@@ -128,7 +128,9 @@ class Run:
         self.renew_fun, self.renew_kwargs = _deleted_mask(self.fun_tree), _deleted_mask(kwargs)
         self.renew_held = [_deleted_mask(args[i]) for i in self.feeding.held]
         self.args = self._next_args(args, out, None, check=True)
-        self.window = in_flight_window(out)
+        # Blocks every so many calls where the wrapper does not bound its own
+        # calls in flight (`max_in_flight`; an Equinox baseline's never does).
+        self.window = None if getattr(self.bind, "max_in_flight", None) else in_flight_window(out)
 
     def own_peak(self, calls: int, expected: int | None = None) -> None:
         """The device memory a loop of this mode alone holds at its peak

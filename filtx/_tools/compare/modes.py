@@ -17,7 +17,7 @@ from ..._core.caches import unshared
 from .loop import Feeding, Run
 from ..donation_report import donation_report
 from ..._core.errors import call_leaf_paths
-from .memory import is_deleted
+from .memory import in_flight_window, is_deleted
 from ..._core.roles import is_array, parse_mode
 from ..._transforms.wrapper import Bound, Wrapper, as_pytree, inspect_call
 
@@ -44,8 +44,12 @@ def make_runs(step: Any, args: tuple, kwargs: dict, modes: Any, feed: Callable |
     _check_live(groups.args, groups.kwargs)
     feeding = Feeding(feed)
     originals = (as_pytree(groups.given), groups.args, groups.kwargs)
+    # The rows' loops run ahead as far as a user's would, bounded where the
+    # runtime needs it (`in_flight_window`) by the wrappers' own `max_in_flight`.
+    window = in_flight_window((groups.args, groups.kwargs))
     runs = [
-        Run(" / ".join(names), names, _Filtx(groups.make, names[0]), None, originals, feeding, _lower_filtx, _unusable)
+        Run(" / ".join(names), names, _Filtx(groups.make, names[0], window), None, originals, feeding, _lower_filtx,
+            _unusable)
         for names in groups.names
     ]
     for baseline in baselines:
@@ -134,8 +138,8 @@ class _Filtx:
     its place). The wrapper as made holds the user's callable, and is never
     called as it is."""
 
-    def __init__(self, make: Callable, mode: str):
-        self.make, self.mode = make, mode
+    def __init__(self, make: Callable, mode: str, max_in_flight: int | None = None):
+        self.make, self.mode, self.max_in_flight = make, mode, max_in_flight
         self.reset()
 
     def reset(self) -> None:
@@ -144,7 +148,10 @@ class _Filtx:
     def __call__(self, fun_tree: Any) -> Any:
         if self.treedef is None:
             with unshared():
-                self.treedef = jax.tree_util.tree_structure(self.make(self.mode))
+                made = self.make(self.mode)
+                if self.max_in_flight is not None:
+                    made = made.replace(max_in_flight=self.max_in_flight)
+                self.treedef = jax.tree_util.tree_structure(made)
         if self.last is not None and self.last[0] is fun_tree:  # the same wrapper for the same copy, as in a loop
             return self.last[1]
         wrapper = jax.tree_util.tree_unflatten(self.treedef, jax.tree_util.tree_leaves(fun_tree))
