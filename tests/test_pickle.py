@@ -485,6 +485,7 @@ def test_public_objects_read_as_their_public_names():
     assert result.DonationComparison is filtx.DonationComparison and dataclasses.is_dataclass(result.ModeRow)
 
 
+FIXTURES_PYTHON = (3, 11)  # the Python fixtures/make_release_pickles.py ran on (fixtures/README.md)
 _RELEASES = ("0.2.0", "0.3.0")
 
 
@@ -543,6 +544,12 @@ def test_an_object_pickled_by_a_released_filtx_loads_and_works(release, name):
     payloads, checks = _released(release)
     check = checks[name]
     back = pickle.loads(payloads[name])
+    if check["check"] in ("call", "wrap") and sys.version_info[:2] != FIXTURES_PYTHON:
+        # cloudpickle writes a __main__ function's bytecode, which only the Python
+        # that wrote it can run (3.12 runs 3.11's into a segmentation fault): on
+        # another Python the step loads as a callable, as cloudpickle promises no more
+        assert callable(back)
+        return
     if check["check"] in ("call", "wrap"):
         wrapper = filtx.filter_jit(back) if check["check"] == "wrap" else back
         args = [jnp.asarray(a) for a in check["args"]]
