@@ -59,10 +59,17 @@ def test_at_most_k_earlier_calls_are_unfinished(donate, k):
     assert max(seen) <= k, seen
 
 
+def slower_step(w, x):
+    for _ in range(48):
+        w = jnp.tanh(w @ w) * 0.5 + x.mean()
+    return w, jnp.sum(w)
+
+
 def test_without_the_option_the_loop_runs_ahead():
-    # The same loop unbounded queues every call (what the option is for); a step
-    # of tens of milliseconds, six dispatched in well under one.
-    step = filtx.filter_jit(slow_step)
+    # The same loop unbounded queues calls (what the option is for): a step of a
+    # few hundred milliseconds, six dispatched in a few milliseconds each, even on
+    # a loaded machine.
+    step = filtx.filter_jit(slower_step)
     first = step(jnp.ones((WIDTH, WIDTH)) * 0.01, jnp.ones(4))[0]
     jax.block_until_ready(first)
     assert step._in_flight is None
