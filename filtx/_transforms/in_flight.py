@@ -84,8 +84,6 @@ class InFlight:
         if arrays and _waitable(arrays[0]):  # not under another transform's trace
             self.calls.append(arrays)
 
-    def clear(self) -> None:
-        self.calls.clear()
 
 
 def _finished(outputs: list) -> bool:

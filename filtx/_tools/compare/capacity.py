@@ -25,8 +25,7 @@ from .capacity_result import CapacityComparison, CapacityRow
 from .donation import quiet_donation_warnings
 from .loop import Feeding, array_like
 from .memory import (
-    OwnPeak, analysis_parts, block, device_memory, executable, fresh, input_shardings, is_deleted, memory_figures,
-    shard_bytes,
+    OwnPeak, analysis_parts, argument_shardings, block, device_memory, fresh, is_deleted, memory_figures, shard_bytes,
 )
 from .modes import _Filtx, mode_groups
 from .progress import Progress
@@ -217,7 +216,7 @@ def compare_capacity(
                 continue
             hint = found.n
             at = prober.figures[found.n]
-            unsafe = tuple(sorted(set(found.unsafe) | {c[0] for c in checked if c[0] <= found.n and not c[2]}))
+            unsafe = tuple(n for n, _, fits, _ in checked if n <= found.n and not fits)  # checked is sorted
             over_peak = None if found.over is None else prober.figures.get(found.over, {}).get("loop")
             row = CapacityRow(
                 label, names, n=found.n, peak_bytes=at["loop"], step_bytes=at["step"], step_source=at["source"],
@@ -274,7 +273,7 @@ class _Budget:
 
     def __init__(self, compiles: int | None, seconds: float | None):
         self.compiles, self.seconds = compiles, seconds
-        self.count, self.t0 = 0, time.perf_counter()
+        self.start()
 
     def start(self) -> None:
         self.count, self.t0 = 0, time.perf_counter()
@@ -471,10 +470,7 @@ class _Prober:
         scale = 1.0 if self.jit else 1.0 / devices
         fallback = [_device_bytes(x, scale) for x in leaves]
         try:
-            inner = executable(compiled)
-            infos = [a for a in jax.tree_util.tree_leaves(inner.args_info, is_leaf=lambda a: hasattr(a, "donated"))
-                     if hasattr(a, "donated")]
-            shardings = input_shardings(inner, len(infos))
+            shardings = argument_shardings(compiled)
             standing, _ = stand_ins((call, kwargs))
             split = inspect_call(self.wrapper, tuple(standing[0]), standing[1], entry=False).split
         except Exception:

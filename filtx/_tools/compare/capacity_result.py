@@ -228,8 +228,13 @@ class CapacityComparison:
                     f"{format_bytes(r.run_ahead_bytes)}; a loop that never waits, unbounded, can run out of memory "
                     f"at any size (use {r.setting})"
                 )
-            if r.verified is not None and r.device_peak_bytes is None and (len(verified) > 1 or r is self.rows[-1]):
-                notes.append(f"{r.mode}: {r.verified}" if len(verified) > 1 else f"all rows: {r.verified}")
+            if r.verified is not None and r.device_peak_bytes is None and len(verified) > 1:
+                notes.append(f"{r.mode}: {r.verified}")
+        if len(verified) == 1:  # said once for the rows that share it
+            (text,) = verified
+            sharing = [r.mode for r in self.rows if r.verified == text]
+            sized = [r.mode for r in self.rows if r.error is None]  # a row with an error has said why above
+            notes.append(f"{'all rows' if sharing == sized else ', '.join(sharing)}: {text}")
         if device:
             notes.append("device peak: the allocator's peak over a real loop at n, its arguments included")
         return "\n".join([summary, *table_lines(header, body), *notes])

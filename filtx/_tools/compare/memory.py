@@ -18,7 +18,7 @@ from ..._core.roles import is_ref
 
 __all__ = [
     "fresh", "fresh_tree", "is_deleted", "block", "in_flight_window", "device_memory", "OwnPeak",
-    "memory_figures", "outputs_differ", "executable", "analysis_parts", "shard_bytes", "input_shardings",
+    "memory_figures", "outputs_differ", "executable", "analysis_parts", "shard_bytes", "input_shardings", "argument_shardings",
 ]
 
 
@@ -136,7 +136,7 @@ def memory_figures(compiled: Any) -> dict[str, Any]:
     or Equinox compiled object, or JAX's own."""
     inner = executable(compiled)
     analysis = inner.memory_analysis()
-    infos = [a for a in jax.tree_util.tree_leaves(inner.args_info, is_leaf=lambda a: hasattr(a, "donated")) if hasattr(a, "donated")]
+    infos = _argument_infos(inner)
     shardings = input_shardings(inner, len(infos))
     devices = max([len(s.device_set) for s in shardings.values()] or [1])
     out: dict[str, Any] = {"devices": devices}
@@ -156,6 +156,18 @@ def memory_figures(compiled: Any) -> dict[str, Any]:
     out["reused_bytes"] = max(0, int(analysis.alias_size_in_bytes) - refs)
     out["donated_bytes"] = sum(shard_bytes(arg_aval(a), shardings.get(i)) for i, a in enumerate(infos) if a.donated)
     return out
+
+
+def _argument_infos(inner: Any) -> list:
+    return [a for a in jax.tree_util.tree_leaves(inner.args_info, is_leaf=lambda a: hasattr(a, "donated")) if hasattr(a, "donated")]
+
+
+def argument_shardings(compiled: Any) -> dict[int, Any]:
+    """The sharding of each argument of a compiled step (a filtx, Equinox or
+    JAX compiled object) by its index among the step's flat arguments; `{}`
+    where it cannot say."""
+    inner = executable(compiled)
+    return input_shardings(inner, len(_argument_infos(inner)))
 
 
 def executable(compiled: Any) -> Any:

@@ -22,14 +22,13 @@ class Search:
     smallest does not); `over`, the first size tried that does not (None where
     every size up to `largest` fits); `seen`, every size measured with its
     figure; `stopped`, why the search ended before `resolution` (a `Stop`'s
-    message), else None; `unsafe`, the sizes below `n` measured over the limit
-    (a figure that does not grow with `n`: `n` fits, they do not)."""
+    message), else None. `over` is the smallest size measured over the limit,
+    so every size measured below `n` fits."""
 
-    __slots__ = ("n", "over", "seen", "stopped", "unsafe")
+    __slots__ = ("n", "over", "seen", "stopped")
 
-    def __init__(self, n: int | None, over: int | None, seen: dict[int, int], stopped: str | None = None, limit: int | None = None):
+    def __init__(self, n: int | None, over: int | None, seen: dict[int, int], stopped: str | None = None):
         self.n, self.over, self.seen, self.stopped = n, over, seen, stopped
-        self.unsafe = () if n is None or limit is None else tuple(sorted(m for m, f in seen.items() if m < n and f > limit))
 
 
 def largest_fitting(
@@ -57,8 +56,8 @@ def largest_fitting(
         fitting = [m for m, f in seen.items() if f <= limit]
         n = max(fitting) if fitting else None
         above = [m for m, f in seen.items() if f > limit and (n is None or m > n)]
-        return Search(n, min(above) if above else None, seen, str(e), limit)
-    return Search(n, over, seen, None, limit)
+        return Search(n, min(above) if above else None, seen, str(e))
+    return Search(n, over, seen)
 
 
 def _search(measure, limit, seen, start, step, resolution, largest, hint) -> tuple:
