@@ -16,18 +16,24 @@ import filtx
 WIDTH = 384
 
 
+def chain(w, x, n):
+    # `n` dependent steps on a 16 x 16 block (about 5 microseconds each): one
+    # core's work however many the machine has, so a step takes about as long on
+    # a many-core CI host as here (12 matmuls of the whole `w`, spread over 16
+    # cores, once finished before filtx dispatched the next call).
+    block = jax.lax.fori_loop(0, n, lambda i, b: jnp.tanh(b @ b) * 0.5 + x.mean(), w[:16, :16])
+    return w.at[:16, :16].set(block) * 0.5
+
+
 def slow_step(w, x):
-    # A few tens of milliseconds on CPU: calls dispatched back to back queue up.
-    for _ in range(12):
-        w = jnp.tanh(w @ w) * 0.5 + x.mean()
+    # Tens of milliseconds: calls dispatched back to back queue up.
+    w = chain(w, x, 10_000)
     return w, jnp.sum(w)
 
 
 def slow_state_only(state, x):
     w, count = state
-    for _ in range(12):
-        w = jnp.tanh(w @ w) * 0.5 + x.mean()
-    return (w, count + 1)
+    return (chain(w, x, 10_000), count + 1)
 
 
 def unfinished(outputs):
@@ -60,15 +66,14 @@ def test_at_most_k_earlier_calls_are_unfinished(donate, k):
 
 
 def slower_step(w, x):
-    for _ in range(48):
-        w = jnp.tanh(w @ w) * 0.5 + x.mean()
+    w = chain(w, x, 50_000)
     return w, jnp.sum(w)
 
 
 def test_without_the_option_the_loop_runs_ahead():
     # The same loop unbounded queues calls (what the option is for): a step of a
-    # few hundred milliseconds, six dispatched in a few milliseconds each, even on
-    # a loaded machine.
+    # few hundred milliseconds of one core's work, six dispatched in a few
+    # milliseconds each, on a loaded machine or a many-core one.
     step = filtx.filter_jit(slower_step)
     first = step(jnp.ones((WIDTH, WIDTH)) * 0.01, jnp.ones(4))[0]
     jax.block_until_ready(first)
