@@ -34,7 +34,6 @@ import pytest
 from . import ratios, runner
 
 Case = runner.Case  # one variant's timed work (`runner.Case`)
-orders = runner.orders
 
 
 @dataclasses.dataclass
@@ -74,7 +73,6 @@ _TESTS: dict[str, _Entry] = {}  # node id -> entry, in collection order
 _SAMPLES: dict[str, tuple[list[float], Any]] = {}  # node id -> (durations, last result)
 _DONE: dict[str, str | None] = {}  # group -> None once timed, or why its timing failed
 _OPTIONS: dict[str, Any] = {"timer": None, "disable_gc": False}
-ORDERS: dict[str, list[list[str]]] = {}  # group -> the variant order of each round run
 BUILT: dict[str, list[str]] = {}  # group -> the order its variants were prepared in
 
 
@@ -97,7 +95,7 @@ def collect(items, config) -> None:
     collection is final: `pytest_collection_finish`)."""
     from pytest_benchmark.utils import load_timer
 
-    for registry in (_TESTS, _SAMPLES, _DONE, ORDERS, BUILT):
+    for registry in (_TESTS, _SAMPLES, _DONE, BUILT):
         registry.clear()
     _OPTIONS.update(timer=load_timer(config.getoption("benchmark_timer")).target,
                     disable_gc=bool(config.getoption("benchmark_disable_gc")))
@@ -153,7 +151,6 @@ def _run(group: str) -> None:
         BUILT[group] = [_TESTS[n].variant for n in built]
         timings = runner.round_robin({n: cases[n] for n in nodes}, timer=_OPTIONS["timer"],
                                      gc_off=_OPTIONS["disable_gc"])
-        ORDERS[group] = [[_TESTS[n].variant for n in row] for row in timings.orders]
         for node in nodes:
             _SAMPLES[node] = (timings.seconds[node], timings.results[node])
     except BaseException as e:

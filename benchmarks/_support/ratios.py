@@ -222,14 +222,6 @@ def run_timed(pytest_args: list, env: dict | None = None, timeout: float = 7200)
             "seconds": time.perf_counter() - start, "tail": done.stdout[-3000:] + done.stderr[-3000:]}
 
 
-def run_info() -> dict[str, Any]:
-    """What a reader needs to compare runs: when, where, and which versions
-    (`environment.record`, with the devices)."""
-    from _support import environment
-
-    return environment.record(devices=True)
-
-
 def to_json(info: dict[str, Any]) -> dict[str, Any]:
     """This session's groups in the JSON format of `benchmarks/README.md`."""
     out = {}
@@ -257,7 +249,9 @@ def write_json(path: str | os.PathLike) -> str:
             document["groups"].update(old.get("groups", {}))
     except (OSError, ValueError):
         pass
-    document["groups"].update(to_json(run_info()))
+    from _support import environment
+
+    document["groups"].update(to_json(environment.record(devices=True)))  # where, when and with what
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = path + ".tmp"
     with open(tmp, "w") as f:

@@ -162,15 +162,15 @@ def _one_loop(axis: str, mode: str, n: int, small: int, steps: int, limit: int, 
 
 
 def real_loops(rows: list[dict], which: str, limit: int, timeout: float) -> list[dict]:
-    """A fresh process per row: a real loop at the row's `n` (`which="n"`) or at
-    its first size over the limit (`which="over"`)."""
+    """A fresh process per row: a real loop at the row's `n`, bounded
+    (`which="n"`) or, for the non-donating rows, with no bound and no wait
+    (`which="unbounded"`)."""
     found = []
     for row in rows:
-        n = row.get("n" if which == "unbounded" else which)
+        n = row.get("n")
         if n is None or which == "unbounded" and not row.get("state_bytes"):
             continue
-        bounded = which != "unbounded"
-        command = [sys.executable, __file__, "--loop", json.dumps([row["axis"], row["modes"][0], n, 8, 20, limit, bounded])]
+        command = [sys.executable, __file__, "--loop", json.dumps([row["axis"], row["modes"][0], n, 8, 20, limit, which == "n"])]
         t0 = time.perf_counter()
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
@@ -178,7 +178,7 @@ def real_loops(rows: list[dict], which: str, limit: int, timeout: float) -> list
             result = json.loads(last) if last.startswith("{") else {"error": (done.stderr or "")[-800:]}
         except subprocess.TimeoutExpired:
             result = {"error": f"over {timeout} s"}
-        result.update(which=which, seconds=time.perf_counter() - t0, predicted=row["over_peak_bytes"] if which == "over" else row["peak_bytes"])
+        result.update(which=which, seconds=time.perf_counter() - t0, predicted=row["peak_bytes"])
         if which == "n" and "rss_n" in result:
             small = independent_peak(row["modes"][0], row["axis"], 8)
             result["predicted_rise"] = result["predicted"] - small

@@ -86,11 +86,6 @@ def describe(obj: dict) -> str:
     return json.dumps(obj)[:200]
 
 
-def read(jsonl: str) -> list[dict]:
-    with open(jsonl) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "./device-out"))
