@@ -14,6 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+import filtx
+
 
 def count_leaves(tree: Any) -> tuple[int, int]:
     """Returns `(arrays, leaves)`: the number of array leaves and of all leaves."""
@@ -24,6 +26,19 @@ def count_leaves(tree: Any) -> tuple[int, int]:
 def count_params(tree: Any) -> int:
     """The total number of elements over the array leaves of `tree`."""
     return sum(x.size for x in jax.tree_util.tree_leaves(tree) if eqx.is_array(x))
+
+
+def abstract_leaves(make: Callable, *args, **kwargs) -> tuple[list, list]:
+    """`(arrays, leaves)` of `make(*args, **kwargs)` with its arrays abstract
+    (`jax.ShapeDtypeStruct`s): the structure and shapes, nothing initialised
+    (and nothing cached)."""
+    leaves = jax.tree_util.tree_leaves(eqx.filter_eval_shape(getattr(make, "__wrapped__", make), *args, **kwargs))
+    return [x for x in leaves if isinstance(x, jax.ShapeDtypeStruct)], leaves
+
+
+def one_leaf(model):
+    """The dispatch issue's trivial computation: one leaf + 1."""
+    return model.layers[0].weight + 1
 
 
 @ft.cache
@@ -96,6 +111,63 @@ def make_train_step(
         return model, opt_state, loss
 
     return train_step
+
+
+def params_step(train_step: Callable, static: Any) -> Callable:
+    """`train_step` on the array part of the model, its static part closed
+    over: `(params, opt_state, x, y) -> (params, opt_state, loss)`, what every
+    baseline of `jax.jit` on the partitioned parameters compiles."""
+
+    def step(params, opt_state, x, y):
+        model, opt_state, loss = train_step(eqx.combine(params, static), opt_state, x, y)
+        return eqx.filter(model, eqx.is_array), opt_state, loss
+
+    return step
+
+
+def jitted_step(variant: str, train_step: Callable, model: Any, opt_state: Any) -> tuple[Callable, tuple]:
+    """`(step, state)`, `step(*state, x, y) -> (*state, loss)` donating `state`:
+    `filtx.filter_jit(donate="arrays")`, `eqx.filter_jit(donate="all")` or
+    `jax.jit-params` (`donate_argnums=(0, 1)` on the partitioned parameters)."""
+    if variant == "filtx":
+        return filtx.filter_jit(train_step, donate="arrays"), (model, opt_state)
+    if variant == "eqx":
+        return eqx.filter_jit(train_step, donate="all"), (model, opt_state)
+    if variant == "jax.jit-params":
+        params, static = eqx.partition(model, eqx.is_array)
+        return jax.jit(params_step(train_step, static), donate_argnums=(0, 1)), (params, opt_state)
+    raise ValueError(variant)
+
+
+def jitted(variant: str, fn: Callable, model: Any) -> tuple[Callable, Any]:
+    """`(compiled, arg)`: `fn(model, *rest)` under `filtx`, `eqx`,
+    `jax.jit-params` (on the partitioned parameters, the static part closed
+    over) or `jax.jit-leaves` (on their flat list), and what it takes in the
+    model's place."""
+    if variant in ("filtx", "eqx"):
+        return (filtx.filter_jit if variant == "filtx" else eqx.filter_jit)(fn), model
+    params, static = eqx.partition(model, eqx.is_array)
+    if variant == "jax.jit-params":
+        return jax.jit(lambda p, *rest: fn(eqx.combine(p, static), *rest)), params
+    if variant == "jax.jit-leaves":
+        flat, treedef = jax.tree_util.tree_flatten(params)
+        return jax.jit(lambda f, *rest: fn(eqx.combine(treedef.unflatten(f), static), *rest)), flat
+    raise ValueError(variant)
+
+
+def with_build(floor: Callable, treedef: Any) -> Callable:
+    """`floor(flat, x, y) -> (flat, loss)` that also builds its outputs into
+    their pytree (`treedef.unflatten`) every step, held until the next as a
+    loop holds its model: what any transformation that returns the model and
+    its state pays at least (the floor + build)."""
+    built = [None]
+
+    def floor_and_build(flat, x, y):
+        out, loss = floor(flat, x, y)
+        built[0] = treedef.unflatten(out)
+        return out, loss
+
+    return floor_and_build
 
 
 def wide_mlp_step(mb: float, width: int = 1024, batch: int = 64):

@@ -53,20 +53,15 @@ def row_units(row: str, smoke: bool, rounds: int) -> dict:
 
     def floor_and_build(n):  # the floor, and the same executable with its outputs built every step
         import jax
+        from _support import models
 
         case = bd.train_case(smoke, n, "jax.jit-leaves", True)
         _, example = bd.train_setup("jax.jit-params", smoke, n, True)  # (params, opt_state): never compiled
-        treedef, built = jax.tree_util.tree_structure(example), [None]
+        treedef = jax.tree_util.tree_structure(example)
 
         def with_build():
             (step, *rest), _ = case.arguments()
-
-            def step_and_build(flat, x, y):
-                out, loss = step(flat, x, y)
-                built[0] = treedef.unflatten(out)  # held until the next step, as a loop holds its model
-                return out, loss
-
-            return (step_and_build, *rest), {}
+            return (models.with_build(step, treedef), *rest), {}
 
         return {"floor": timed(case, 3), "floor+build": timed(case, 3, setup=with_build)}
 

@@ -51,8 +51,6 @@ import pytest
 
 from _support import interleave, models, ratios
 
-import filtx
-
 
 SUITE = "dispatch"
 SIZES = (100, 1000)
@@ -106,18 +104,13 @@ def adam_group(size: int) -> str:
 #
 
 
-def one_leaf(model):
-    """The issue's trivial computation: one leaf + 1."""
-    return model.layers[0].weight + 1
-
-
 def whole_model(model):
     """Every array + 1, the whole model returned: what a training step's output
     handling costs, on a computation that costs nothing."""
     return jax.tree_util.tree_map(lambda x: x + 1 if eqx.is_array(x) else x, model)
 
 
-OUTPUTS = {"one-leaf": one_leaf, "whole-model": whole_model}
+OUTPUTS = {"one-leaf": models.one_leaf, "whole-model": whole_model}
 
 
 def warm_group(sync: str, size: int, output: str = "one-leaf") -> str:
@@ -132,10 +125,8 @@ def warm_call(variant: str, size: int, output: str):
     Cached, so that the blocking and async tests share one compiled function."""
     model = models.leafy_mlp(size)
     fun = OUTPUTS[output]
-    if variant == "filtx":
-        return filtx.filter_jit(fun), (model,)
-    if variant == "eqx":
-        return eqx.filter_jit(fun), (model,)
+    if variant in ("filtx", "eqx"):
+        return models.jitted(variant, fun, model)[0], (model,)
     if variant == "jax.jit-params":
         params, static = eqx.partition(model, eqx.is_array)
         return (jax.jit(lambda p: eqx.filter(fun(eqx.combine(p, static)), eqx.is_array)), (params,))
@@ -217,21 +208,11 @@ def train_setup(variant: str, smoke: bool, leaves: int | str | None = None, adam
     train_step = models.make_train_step(optim)
     model = train_model(smoke, leaves)
     opt_state = optim.init(eqx.filter(model, eqx.is_inexact_array))
-    if variant == "filtx":
-        return filtx.filter_jit(train_step, donate="arrays"), (model, opt_state)
-    if variant == "eqx":
-        return eqx.filter_jit(train_step, donate="all"), (model, opt_state)
-    if variant in ("jax.jit-params", "jax.jit-leaves", "jax.jit-leaves-build"):
+    if variant in ("filtx", "eqx", "jax.jit-params"):
+        return models.jitted_step(variant, train_step, model, opt_state)
+    if variant in ("jax.jit-leaves", "jax.jit-leaves-build"):
         params, static = eqx.partition(model, eqx.is_array)
-
-        def params_step(params, opt_state, x, y):
-            model, opt_state, loss = train_step(
-                eqx.combine(params, static), opt_state, x, y
-            )
-            return eqx.filter(model, eqx.is_array), opt_state, loss
-
-        if variant == "jax.jit-params":
-            return jax.jit(params_step, donate_argnums=(0, 1)), (params, opt_state)
+        params_step = models.params_step(train_step, static)
         flat, treedef = jax.tree_util.tree_flatten((params, opt_state))
 
         def leaves_step(flat, x, y):
@@ -239,16 +220,7 @@ def train_setup(variant: str, smoke: bool, leaves: int | str | None = None, adam
             return jax.tree_util.tree_leaves((params, opt_state)), loss
 
         floor = jax.jit(leaves_step, donate_argnums=0)
-        if variant == "jax.jit-leaves":
-            return floor, (flat,)
-        built = [None]
-
-        def floor_and_build(flat, x, y):  # what any transform returning the model pays at least
-            out, loss = floor(flat, x, y)
-            built[0] = treedef.unflatten(out)  # held until the next step, as a loop holds its model
-            return out, loss
-
-        return floor_and_build, (flat,)
+        return (floor if variant == "jax.jit-leaves" else models.with_build(floor, treedef)), (flat,)
     raise ValueError(variant)
 
 
@@ -319,18 +291,7 @@ def gru_step(cell, h, x):
 def gru_setup(variant: str):
     """`(step, cell)`: `step(cell, h, x) -> h` is one call of the cell in this
     variant; `cell` is what it takes (the cell, its parameters or their leaves)."""
-    cell = eqx.nn.GRUCell(**GRU, key=jax.random.key(0))
-    if variant == "filtx":
-        return filtx.filter_jit(gru_step), cell
-    if variant == "eqx":
-        return eqx.filter_jit(gru_step), cell
-    params, static = eqx.partition(cell, eqx.is_array)
-    if variant == "jax.jit-params":
-        return jax.jit(lambda p, h, x: gru_step(eqx.combine(p, static), h, x)), params
-    if variant == "jax.jit-leaves":
-        flat, treedef = jax.tree_util.tree_flatten(params)
-        return jax.jit(lambda f, h, x: gru_step(eqx.combine(treedef.unflatten(f), static), h, x)), flat
-    raise ValueError(variant)
+    return models.jitted(variant, gru_step, eqx.nn.GRUCell(**GRU, key=jax.random.key(0)))
 
 
 def gru_rollout(step, cell, h, xs, steps):
@@ -392,18 +353,7 @@ def predict(model, x):
 def inference_setup(variant: str, smoke: bool, size: int):
     """`(fn, model)`: `fn(model, x)` is `predict` in this variant; `model` is what
     it takes (the model, its parameters or their flat list of leaves)."""
-    model = train_model(smoke, size)
-    if variant == "filtx":
-        return filtx.filter_jit(predict), model
-    if variant == "eqx":
-        return eqx.filter_jit(predict), model
-    params, static = eqx.partition(model, eqx.is_array)
-    if variant == "jax.jit-params":
-        return jax.jit(lambda p, x: predict(eqx.combine(p, static), x)), params
-    if variant == "jax.jit-leaves":
-        flat, treedef = jax.tree_util.tree_flatten(params)
-        return jax.jit(lambda f, x: predict(eqx.combine(treedef.unflatten(f), static), x)), flat
-    raise ValueError(variant)
+    return models.jitted(variant, predict, train_model(smoke, size))
 
 
 def inference_loop(fn, model, batches, calls):
@@ -458,20 +408,12 @@ def test_inference_loop(benchmark, smoke, size, variant):
 #
 
 
-def abstract_leaves(make, *args) -> tuple[list, list]:
-    """`(arrays, leaves)` of `make(*args)` with its arrays abstract
-    (`jax.ShapeDtypeStruct`s): the model's structure and shapes, nothing
-    initialised (and nothing cached)."""
-    leaves = jax.tree_util.tree_leaves(eqx.filter_eval_shape(getattr(make, "__wrapped__", make), *args))
-    return [x for x in leaves if isinstance(x, jax.ShapeDtypeStruct)], leaves
-
-
 def test_model_sizes():
     for size in SIZES:
-        arrays, leaves = abstract_leaves(models.leafy_mlp, size)
+        arrays, leaves = models.abstract_leaves(models.leafy_mlp, size)
         print(f"leafy_mlp({size}): {len(arrays)} array leaves, {len(leaves)} leaves in all")
         assert len(arrays) == size
-    params = sum(x.size for x in abstract_leaves(models.train_mlp)[0])
+    params = sum(x.size for x in models.abstract_leaves(models.train_mlp)[0])
     print(f"train_mlp(): {params:,} parameters")
     assert 3_500_000 <= params <= 4_500_000
 

@@ -101,6 +101,7 @@ def make_step(mode: str, train_step, model, opt_state):
     """`(step, state)`: `step(*state, x, y) -> (*state, loss)`."""
     import equinox as eqx
     import jax
+    from _support import models
 
     import filtx
 
@@ -118,13 +119,8 @@ def make_step(mode: str, train_step, model, opt_state):
     if mode in ("jax.jit donate", "jax.jit keep"):
         params, static = eqx.partition(model, eqx.is_array)
         del model
-
-        def params_step(params, opt_state, x, y):
-            model, opt_state, loss = train_step(eqx.combine(params, static), opt_state, x, y)
-            return eqx.filter(model, eqx.is_array), opt_state, loss
-
         donate = (0, 1) if mode == "jax.jit donate" else ()
-        return jax.jit(params_step, donate_argnums=donate), (params, opt_state)
+        return jax.jit(models.params_step(train_step, static), donate_argnums=donate), (params, opt_state)
     raise ValueError(f"unknown mode {mode!r}; expected one of {MODES}")
 
 

@@ -43,8 +43,6 @@ import pytest
 
 from _support import interleave, models, ratios
 
-import filtx
-
 
 SUITE = "first_call"
 BASELINE = "jax.jit-params"
@@ -86,20 +84,7 @@ def fresh_step(variant: str, model, loss_fn):
     optim = optax.adam(1e-3)
     train_step = models.make_train_step(optim, loss_fn)  # a new function object
     model = models.fresh_copy(model)
-    opt_state = optim.init(eqx.filter(model, eqx.is_inexact_array))
-    if variant == "filtx":
-        return filtx.filter_jit(train_step, donate="arrays"), (model, opt_state)
-    if variant == "eqx":
-        return eqx.filter_jit(train_step, donate="all"), (model, opt_state)
-    if variant == "jax.jit-params":
-        params, static = eqx.partition(model, eqx.is_array)
-
-        def params_step(params, opt_state, x, y):
-            model, opt_state, loss = train_step(eqx.combine(params, static), opt_state, x, y)
-            return eqx.filter(model, eqx.is_array), opt_state, loss
-
-        return jax.jit(params_step, donate_argnums=(0, 1)), (params, opt_state)
-    raise ValueError(variant)
+    return models.jitted_step(variant, train_step, model, optim.init(eqx.filter(model, eqx.is_inexact_array)))
 
 
 def first_call(step, state, x, y):
@@ -148,14 +133,11 @@ def test_first_call(benchmark, smoke, kind, variant):
 
 
 def test_model_sizes():
-    def arrays(model) -> int:  # abstract: shapes only, nothing initialised
-        return sum(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree_util.tree_leaves(model))
-
     layers, leaves, _ = SIZES["full"]
-    count = arrays(eqx.filter_eval_shape(lambda: models.transformer(layers, **TRANSFORMER)))
+    count = len(models.abstract_leaves(models.transformer, layers, **TRANSFORMER)[0])
     print(f"transformer({layers}): {count} array leaves")
     assert count == 12 * layers + 6
-    assert arrays(eqx.filter_eval_shape(lambda: models.leafy_mlp.__wrapped__(leaves))) == leaves
+    assert len(models.abstract_leaves(models.leafy_mlp, leaves)[0]) == leaves
 
 
 TARGETS = [(group(kind, SIZES["full"][MODELS.index(kind)]), "filtx", BASELINE, 1.0, "min")

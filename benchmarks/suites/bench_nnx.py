@@ -136,25 +136,16 @@ def make_variant(variant: str, width: int):
     if variant == "nnx.jit":
         return lambda: jax.block_until_ready(nnx_step(model, x, y))
     params = dict_params(model)
-    if variant == "filtx share=True":
-        state = [params]
+    layers = params["layers"]
+    step, state = {"filtx share=True": (filtx_step, [params]),
+                   "jax.jit-unique": (unique_step, [[layers[0], layers[1], layers[3]]])}[variant]
 
-        def run():
-            state[0], loss = filtx_step(state[0], x, y)
-            return jax.block_until_ready(loss)
+    def run():
+        state[0], loss = step(state[0], x, y)
+        return jax.block_until_ready(loss)
 
-        run.state = state
-        return run
-    if variant == "jax.jit-unique":
-        layers = params["layers"]
-        state = [[layers[0], layers[1], layers[3]]]
-
-        def run():
-            state[0], loss = unique_step(state[0], x, y)
-            return jax.block_until_ready(loss)
-
-        return run
-    raise ValueError(variant)
+    run.state = state
+    return run
 
 
 @ft.cache

@@ -68,10 +68,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def one_leaf(model):
-    return model.layers[0].weight + 1
-
-
 @ft.cache
 def replicated():
     """`(model, params, static)`: `leafy_mlp(SIZE)` with every array stacked on a
@@ -99,18 +95,18 @@ def jit_shard_map(fn, static):
 def warm_fn(variant: str):
     model, params, static = replicated()
     if variant == "filtx":
-        return filtx.filter_pmap(one_leaf), model
+        return filtx.filter_pmap(models.one_leaf), model
     if variant == "eqx":
-        return eqx.filter_pmap(one_leaf), model
+        return eqx.filter_pmap(models.one_leaf), model
     if variant == "jax.pmap-params":
-        return jax.pmap(lambda p: one_leaf(eqx.combine(p, static))), params
+        return jax.pmap(lambda p: models.one_leaf(eqx.combine(p, static))), params
     if variant == "jax.jit-shard_map-params":
-        return jit_shard_map(one_leaf, static), params
+        return jit_shard_map(models.one_leaf, static), params
     raise ValueError(variant)
 
 
 def expected():
-    return np.stack([np.asarray(one_leaf(models.leafy_mlp(SIZE)))] * DEVICES)
+    return np.stack([np.asarray(models.one_leaf(models.leafy_mlp(SIZE)))] * DEVICES)
 
 
 @pytest.mark.parametrize("variant", WARM_VARIANTS)
@@ -128,7 +124,7 @@ def test_warm_call(benchmark, variant):
 def first_call(variant: str):
     """A fresh function, called once (trace + compile + run), blocking."""
     model, params, static = replicated()
-    fun = lambda m: one_leaf(m)  # noqa: E731  (a new function object each time)
+    fun = lambda m: models.one_leaf(m)  # noqa: E731  (a new function object each time)
     if variant == "filtx":
         return jax.block_until_ready(filtx.filter_pmap(fun)(model))
     if variant == "filtx-callable-out_axes":

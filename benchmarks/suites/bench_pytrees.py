@@ -50,7 +50,7 @@ import numpy as np
 import optax
 import pytest
 
-from _support import interleave, ratios
+from _support import interleave, models, ratios
 
 import filtx
 
@@ -149,10 +149,6 @@ def variant_of(name: str, step, example: tuple, donate: bool, kept: int = 0):
     raise ValueError(name)
 
 
-def fresh(tree):
-    return jax.tree.map(lambda x: x.copy(), tree)
-
-
 def loop(fn, state: tuple, steps: int, kept: tuple = ()):
     """`steps` calls with the outputs fed back (after the `kept` arguments),
     pipelined, one block at the end."""
@@ -202,12 +198,12 @@ def adam_case(smoke, leaves, mode, variant) -> interleave.Case:
     leaves = SMOKE_LEAVES if smoke else leaves
     example = (_params(leaves), OPT.init(_params(leaves)))
     fn = _adam_fn(variant, leaves, mode == "donate")
-    return _case(fn, lambda: fresh(example), SMOKE_STEPS if smoke else STEPS[leaves])
+    return _case(fn, lambda: models.fresh_copy(example), SMOKE_STEPS if smoke else STEPS[leaves])
 
 
 def expected_adam(leaves: int, steps: int) -> tuple:
     state = (_params(leaves), OPT.init(_params(leaves)))
-    return loop(jax.jit(adam_step), fresh(state), steps)
+    return loop(jax.jit(adam_step), models.fresh_copy(state), steps)
 
 
 def check_same(out, expected) -> None:
@@ -233,7 +229,7 @@ def test_adam_dict(benchmark, smoke, leaves, mode, variant):
 def flat_case(smoke, variant) -> interleave.Case:
     flat = _flat(SMOKE_FLAT if smoke else FLAT_LEAVES)
     fn = variant_of(variant, scale, (flat,), True)
-    return _case(fn, lambda: (fresh(flat),), 1 if smoke else FLAT_STEPS)
+    return _case(fn, lambda: (models.fresh_copy(flat),), 1 if smoke else FLAT_STEPS)
 
 
 @interleave.round_robin(group=FLAT_GROUP, prepare=flat_case)
@@ -249,7 +245,7 @@ def test_flat_dict(benchmark, smoke, variant):
 def batch_case(smoke, variant) -> interleave.Case:
     params = _params(SMOKE_LEAVES if smoke else BATCH_LEAVES)
     fn = variant_of(variant, sgd_step, (_batch(), params), True, kept=1)
-    return _case(fn, lambda: (fresh(params),), SMOKE_STEPS if smoke else STEPS[BATCH_LEAVES], (_batch(),))
+    return _case(fn, lambda: (models.fresh_copy(params),), SMOKE_STEPS if smoke else STEPS[BATCH_LEAVES], (_batch(),))
 
 
 @interleave.round_robin(group=BATCH_GROUP, prepare=batch_case)
@@ -262,7 +258,7 @@ def test_list_batch(benchmark, smoke, variant):
         unit="step", per=steps,
     )
     params = _params(SMOKE_LEAVES if smoke else BATCH_LEAVES)
-    check_same(out, loop(jax.jit(sgd_step), (fresh(params),), steps, (_batch(),))[0])
+    check_same(out, loop(jax.jit(sgd_step), (models.fresh_copy(params),), steps, (_batch(),))[0])
     assert not any(x.is_deleted() for x in _batch())
 
 

@@ -159,12 +159,7 @@ def dp_variant(variant: str, smoke: bool, spec=P()):
     if variant == "jax.jit":
         params, static = eqx.partition(model, eqx.is_array)
         rep, batch = NamedSharding(m, P()), NamedSharding(m, P("data"))
-
-        def params_step(params, opt_state, x, y):
-            model, opt_state, loss = train_step(eqx.combine(params, static), opt_state, x, y)
-            return eqx.filter(model, eqx.is_array), opt_state, loss
-
-        step = jax.jit(params_step, donate_argnums=(0, 1), in_shardings=(rep, rep, batch, batch),
+        step = jax.jit(models.params_step(train_step, static), donate_argnums=(0, 1), in_shardings=(rep, rep, batch, batch),
                        out_shardings=(rep, rep, rep))
         return step, jax.device_put((params, opt_state), rep)
     if variant == "nnx.jit":
