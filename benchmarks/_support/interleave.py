@@ -106,7 +106,7 @@ def collect(items, config) -> None:
             continue
         group, prepare = spec
         params = {**getattr(getattr(item, "callspec", None), "params", {}), "smoke": smoke}
-        name = group if isinstance(group, str) else _call(group, params)
+        name = group if isinstance(group, str) else _partial(group, params)()
         _TESTS[item.nodeid] = _Entry(name, params["variant"], _partial(prepare, params))
 
 
@@ -159,18 +159,9 @@ def _run(group: str) -> None:
     _DONE[group] = None
 
 
-def _accepted(fn: Callable, params: dict) -> dict:
-    parameters = inspect.signature(fn).parameters.values()
-    if any(p.kind is p.VAR_KEYWORD for p in parameters):
-        return params
-    names = {p.name for p in parameters}
-    return {k: v for k, v in params.items() if k in names}
-
-
-def _call(fn: Callable, params: dict):
-    return fn(**_accepted(fn, params))
-
-
 def _partial(fn: Callable, params: dict) -> Callable[[], Any]:
-    accepted = _accepted(fn, params)
-    return lambda: fn(**accepted)
+    """`fn` called with those of `params` its signature names (all of them with `**kwargs`)."""
+    parameters = inspect.signature(fn).parameters.values()
+    if not any(p.kind is p.VAR_KEYWORD for p in parameters):
+        params = {k: v for k, v in params.items() if k in {p.name for p in parameters}}
+    return lambda: fn(**params)

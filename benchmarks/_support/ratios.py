@@ -186,12 +186,11 @@ def check_target(group: str, variant: str, over: str, at_most: float, stat: str 
 #
 
 
-def format_time(seconds: float | None, micro: str = "us") -> str:
-    """`seconds` in s, ms, `micro` (µs) or ns, three significant digits; "-"
-    for None. Plain-text tables say "us"; the report's Markdown says "µs"."""
+def format_time(seconds: float | None) -> str:
+    """`seconds` in s, ms, µs or ns, three significant digits; "-" for None."""
     if seconds is None:
         return "-"
-    for scale, suffix in ((1.0, "s"), (1e-3, "ms"), (1e-6, micro)):
+    for scale, suffix in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs")):
         if seconds >= scale:
             return f"{seconds / scale:.3g} {suffix}"
     return f"{seconds / 1e-9:.3g} ns"

@@ -12,7 +12,7 @@ import math
 import os
 import sys
 
-from _support import ratios
+from _support.ratios import format_time as fmt_time
 
 SUITE_TITLES = {
     "dispatch": "Dispatch overhead (`suites/bench_dispatch.py`)",
@@ -49,10 +49,6 @@ def small_model_groups(groups: dict) -> dict:
             if g.get("suite") == "dispatch" and "/small-" in name and g.get("params")}
 
 
-def fmt_time(seconds: float | None) -> str:
-    return ratios.format_time(seconds, micro="µs")
-
-
 def fmt_ratio(value: float | None) -> str:
     return "n/a" if value is None or not math.isfinite(value) else f"{value:.3f}"
 
@@ -61,11 +57,12 @@ def fmt_mb(mb: float) -> str:
     return f"{mb:,.0f}" if mb >= 10 else f"{mb:.2f}"
 
 
-def table(header: list[str], rows: list[list[str]]) -> list[str]:
-    out = ["| " + " | ".join(header) + " |",
-           "|" + "|".join("---" if i == 0 else "---:" for i in range(len(header))) + "|"]
-    out += ["| " + " | ".join(row) + " |" for row in rows]
-    return out
+def table(header: list[str], rows: list[list[str]], align: str | None = None) -> list[str]:
+    """A Markdown table; `align`, a letter a column: `l` (left) or `r` (right;
+    by default every column but the first)."""
+    align = align or "l" + "r" * (len(header) - 1)
+    return ["| " + " | ".join(header) + " |", "|" + "|".join("---" if a == "l" else "---:" for a in align) + "|",
+            *("| " + " | ".join(row) + " |" for row in rows)]
 
 
 def header(report: dict) -> list[str]:
@@ -204,14 +201,7 @@ def suite_section(suite: str, groups: dict, share_memory: dict | None, path: str
                   for name, p in params.items()]
         lines += ["", "</details>"]
     if suite == "share" and share_memory:
-        lines += ["", f"Peak memory of `{share_memory['group']}`, each variant in its own process "
-                  "(increase = `ru_maxrss` after the call minus before it; baseline **once**):", ""]
-        rows = []
-        for variant, r in share_memory["variants"].items():
-            shown = f"**{variant}**" if variant == "once" else variant
-            rows.append([shown, fmt_mb(r["increase_kib"] / 1024), fmt_ratio(r["increase_ratio"]),
-                         fmt_mb(r["after_kib"] / 1024), fmt_ratio(r["peak_ratio"])])
-        lines += table(["variant", "increase MB", "ratio", "peak MB", "ratio"], rows)
+        lines += share_memory_table(share_memory)
     memory = fsdp_bytes(mine) if suite == "sharding" else None
     if memory:
         lines += ["", "Parameters and optimiser state held per device (the most any device holds, "
@@ -237,6 +227,16 @@ def suite_section(suite: str, groups: dict, share_memory: dict | None, path: str
     lines += ["", f"![{suite}: each group's median times divided by its baseline's; "
               f"lower is better](img/{suite}.png)", ""]
     return lines
+
+
+def share_memory_table(memory: dict) -> list[str]:
+    """`suites/bench_share.py`'s peak memory, a process per variant."""
+    return ["", f"Peak memory of `{memory['group']}`, each variant in its own process "
+            "(increase = `ru_maxrss` after the call minus before it; baseline **once**):", "",
+            *table(["variant", "increase MB", "ratio", "peak MB", "ratio"], [
+                [f"**{variant}**" if variant == "once" else variant, fmt_mb(r["increase_kib"] / 1024),
+                 fmt_ratio(r["increase_ratio"]), fmt_mb(r["after_kib"] / 1024), fmt_ratio(r["peak_ratio"])]
+                for variant, r in memory["variants"].items()])]
 
 
 HOSTS_TITLE = "A step under several processes: 2 processes × 2 devices (`suites/bench_hosts.py`)"

@@ -69,23 +69,24 @@ def parts_table(lines: list[dict]) -> list[str]:
     parts = [x for x in lines if x.get("kind") == "parts"]
     if not parts:
         return []
-    out = ["", "| Adam loop parts, array leaves | " + " | ".join(PARTS_COLUMNS) + " | filtx / (floor + build) |",
-           "|---:|" + "---:|" * (len(PARTS_COLUMNS) + 1)]
-    for x in parts:
-        sec = x["seconds"]
-        ratio = f"{sec['filtx'] / sec['floor + build']:.3f}" if {"filtx", "floor + build"} <= set(sec) else "—"
-        out.append(f"| {x['leaves']} | " + " | ".join(f"{sec[k] * 1e6:.1f}" if k in sec else "—"
-                                                     for k in PARTS_COLUMNS) + f" | {ratio} |")
-    out.append("(µs per step; the loops over the same rounds, interleaved; the parts timed alone, best of 7)")
+
+    def ratio(sec: dict) -> str:
+        return f"{sec['filtx'] / sec['floor + build']:.3f}" if {"filtx", "floor + build"} <= set(sec) else "—"
+
+    out = ["", *report_pages.table(
+        ["Adam loop parts, array leaves", *PARTS_COLUMNS, "filtx / (floor + build)"],
+        [[str(x["leaves"]), *(f"{x['seconds'][k] * 1e6:.1f}" if k in x["seconds"] else "—" for k in PARTS_COLUMNS),
+          ratio(x["seconds"])] for x in parts], "r" * (len(PARTS_COLUMNS) + 2)),
+        "(µs per step; the loops over the same rounds, interleaved; the parts timed alone, best of 7)"]
     hosts = [x for x in parts if x.get("host")]
     if hosts:
         names = list(hosts[0]["host"])
-        out += ["", "| Adam loop, array leaves | " + " | ".join(f"{n}: host / total" for n in names) + " |",
-                "|---:|" + "---:|" * len(names)]
-        out += [f"| {x['leaves']} | " + " | ".join(f"{h * 1e6:.1f} / {t * 1e6:.1f}" for h, t in
-                                                   (x["host"][n] for n in names)) + " |" for x in hosts]
-        out.append("(µs per step: *host* until the last step is dispatched, *total* until its results are ready; "
-                   "host near total: the host is busy all along, or waits on the device every step)")
+        out += ["", *report_pages.table(
+            ["Adam loop, array leaves", *(f"{n}: host / total" for n in names)],
+            [[str(x["leaves"]), *(f"{h * 1e6:.1f} / {t * 1e6:.1f}" for h, t in (x["host"][n] for n in names))]
+             for x in hosts], "r" * (len(names) + 1)),
+            "(µs per step: *host* until the last step is dispatched, *total* until its results are ready; "
+            "host near total: the host is busy all along, or waits on the device every step)"]
     return out
 
 
@@ -168,27 +169,25 @@ def gpu_section(lines: list[dict], info: dict, jsonl: str) -> list[str]:
         "the model and optimiser state every step. What each figure shows, and what earlier fixed-order "
         "figures said, is in the [performance notes](performance-notes.md#on-one-gpu-the-build-order-balanced).",
         "",
-        "| row | what | filtx over | order-balanced | filtx built first | baseline built first | "
-        "filtx ms/step | baseline ms/step | target |",
-        "|---|---|---|---:|---:|---:|---:|---:|---|",
     ]
+    cells = []
     for s in gpu_loop_summaries(lines):
         what = ROW_WHAT.get(s["row"], "")
         if not s["runs"]:
-            out.append(f"| {s['row']} | {what} | {s['over']} | — | — | — | — | — | "
-                       f"<= {s['target']:.2f}x: not measured |")
+            cells.append([s["row"], what, s["over"], *["—"] * 5, f"<= {s['target']:.2f}x: not measured"])
             continue
         per = {k.split(",")[0]: v for k, v in s["per_order"].items()}
         others = ", ".join(f"{v} {r:.3f}" for v, r in s["filtx_over"].items() if v != s["over"])
-        first, base = (f"{per[k]:.3f}" if k in per else "—" for k in ("filtx", "base"))
         bound = ""
         if s["bound_over"] is not None and s["bound"] != s["over"]:  # the lowest any wrapper can read
             reach = "within reach" if s["bound_over"] <= s["target"] else "out of reach by construction"
             bound = f"; the {s['bound']} reads {s['bound_over']:.3f}x: {reach}"
-        out.append(f"| {s['row']} | {what} | `{s['over']}`{' (' + others + ')' if others else ''} | "
-                   f"{s['filtx_over'][s['over']]:.3f} | {first} | {base} | "
-                   f"{s['ms_per_step']['filtx']:.4f} | {s['ms_per_step'][s['over']]:.4f} | "
-                   f"<= {s['target']:.2f}x: {verdict(s['met'], s['balanced'])}{bound} |")
+        cells.append([s["row"], what, f"`{s['over']}`{' (' + others + ')' if others else ''}",
+                      f"{s['filtx_over'][s['over']]:.3f}", *(f"{per[k]:.3f}" if k in per else "—" for k in UNITS),
+                      f"{s['ms_per_step']['filtx']:.4f}", f"{s['ms_per_step'][s['over']]:.4f}",
+                      f"<= {s['target']:.2f}x: {verdict(s['met'], s['balanced'])}{bound}"])
+    out += report_pages.table(["row", "what", "filtx over", "order-balanced", "filtx built first",
+                               "baseline built first", "filtx ms/step", "baseline ms/step", "target"], cells, "lllrrrrrl")
     out += ["", f"![The timed loops' filtx time over the baseline's on {env.get('device_kind', 'the GPU')}, "
             "order-balanced, each order's figure and the target; the first call under each wrapper, "
             f"every process's figure; lower is better](img/{GPU_PLOT})", ""]
@@ -221,18 +220,15 @@ def first_call_section(lines: list[dict]) -> list[str]:
         "the first call less XLA's compile (tracing, lowering, the wrapper's host work and the step), "
         "per process. The *second call* is where filtx builds its output builder. Seconds.",
         "",
-        "| wrapper | first call, each process in run order | median | XLA's compile, median | rest, median | "
-        "second call, median | filtx's median over this |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        *report_pages.table(
+            ["wrapper", "first call, each process in run order", "median", "XLA's compile, median", "rest, median",
+             "second call, median", "filtx's median over this"],
+            [[name, ", ".join(f"{x['first_s']:.3f}" for x in xs), f"{median[name]:.3f}",
+              f"{statistics.median(x['compile_s'] for x in xs):.3f}",
+              f"{statistics.median(x['first_s'] - x['compile_s'] for x in xs):.3f}",
+              f"{statistics.median(x['second_s'] for x in xs):.4f}",
+              "—" if ratios.get(name) is None else f"{ratios[name]:.3f}"] for name, xs in mine.items()], "llrrrrr"),
     ]
-    for name, xs in mine.items():
-        ratio = ratios.get(name)
-        each = ", ".join(f"{x['first_s']:.3f}" for x in xs)
-        out.append(f"| {name} | {each} | {median[name]:.3f} | "
-                   f"{statistics.median(x['compile_s'] for x in xs):.3f} | "
-                   f"{statistics.median(x['first_s'] - x['compile_s'] for x in xs):.3f} | "
-                   f"{statistics.median(x['second_s'] for x in xs):.4f} | "
-                   f"{'—' if ratio is None else f'{ratio:.3f}'} |")
     compared = " and ".join(f"{r:.3f}x {k}'s" for k, r in ratios.items()) or "not compared"
     out += ["", f"Target: filtx's median first call <= {FIRST_TARGET:.2f}x both `jax.jit`'s and Equinox's: "
             f"{compared}, {verdict(met)}."]
@@ -272,12 +268,11 @@ def peak_section(lines: list[dict]) -> list[str]:
            "`filtx.compare_donation`'s reading for mode `none` against a loop of that mode alone "
            f"({PEAK_STEPS} steps), pipelined and blocked after every step, each measured above the process's "
            "high-water mark filled first; two processes, each measuring one side first. *Running at the end*: "
-           "the loop's steps still running when its last was dispatched.", "",
-           "| what | process measured first | MiB | states | running at the end |", "|---|---|---:|---:|---:|"]
-    out += [f"| {x['what']} | {x['first']} | "
-            f"{'— (the loop stayed below the mark)' if x.get('peak_mib') is None else x['peak_mib']} | "
-            f"{'—' if x.get('states') is None else x['states']} | {x.get('in_flight_at_last_dispatch', '—')} |"
-            for x in peaks]
+           "the loop's steps still running when its last was dispatched.", ""]
+    out += report_pages.table(["what", "process measured first", "MiB", "states", "running at the end"], [
+        [x["what"], x["first"], "— (the loop stayed below the mark)" if x.get("peak_mib") is None else str(x["peak_mib"]),
+         "—" if x.get("states") is None else str(x["states"]), str(x.get("in_flight_at_last_dispatch", "—"))]
+        for x in peaks], "llrrr")
     return out + [""]
 
 
@@ -362,17 +357,13 @@ PYTREE_ORDERS_SECTION = "## Plain pytrees, the build order balanced (`pytree_ord
 
 def pytree_orders_table(summaries: list[dict]) -> list[str]:
     others = [v for v in ("jax.jit", "eqx") if any(v in s for s in summaries)]
-    lines = ["| row | floor ms/step | filtx / floor, order-balanced | floor built before filtx | filtx built "
-             "before the floor | " + "".join(f"{v} / floor | " for v in others) + "target |",
-             "|---|---:|---:|---|---|" + "---:|" * len(others) + "---|"]
-    for s in summaries:
-        target = s["target"]
-        verdict = "—" if target is None else f"{target:.2f}x: {'met' if s['filtx'] <= target else 'NOT met'}"
-        lines.append(f"| {s['row']} | {s['floor_ms']:.3f} | {s['filtx']:.3f} | "
-                     f"{', '.join(f'{x:.3f}' for x in s['filtx_floor_built_first'])} | "
-                     f"{', '.join(f'{x:.3f}' for x in s['filtx_built_first'])} | "
-                     + "".join(f"{s[v]:.3f} | " if v in s else "— | " for v in others) + f"{verdict} |")
-    return lines
+    head = ["row", "floor ms/step", "filtx / floor, order-balanced", "floor built before filtx",
+            "filtx built before the floor", *(f"{v} / floor" for v in others), "target"]
+    return report_pages.table(head, [
+        [s["row"], f"{s['floor_ms']:.3f}", f"{s['filtx']:.3f}", ", ".join(f"{x:.3f}" for x in s["filtx_floor_built_first"]),
+         ", ".join(f"{x:.3f}" for x in s["filtx_built_first"]), *(f"{s[v]:.3f}" if v in s else "—" for v in others),
+         "—" if s["target"] is None else f"{s['target']:.2f}x: {'met' if s['filtx'] <= s['target'] else 'NOT met'}"]
+        for s in summaries], "lrrll" + "r" * len(others) + "l")
 
 
 def pytree_orders_section(saved: dict, path: str) -> list[str]:

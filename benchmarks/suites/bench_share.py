@@ -46,7 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from _support import interleave, models, ratios
+from _support import interleave, models, ratios, report_pages
 import filtx
 from filtx.demo import measure
 
@@ -198,25 +198,15 @@ def test_tied_memory(request, smoke, capsys):
         return
     results = {r["variant"]: r for r in run_probes([(v,) for v in TIED_VARIANTS], TIED_MB)}
     base = results[TIED_BASELINE]
-    lines = [f"{SUITE}/tied-{TIED_MB}MB-x{REFS} peak memory (each variant in its own process)",
-             f"  {'variant':<12} {'increase':>10} {'ratio':>7} {'peak':>10} {'ratio':>7}"]
-    table = {}
-    for variant in TIED_VARIANTS:
-        r = results[variant]
-        increase = r["increase_kib"] / max(base["increase_kib"], 1)
-        peak = r["after_kib"] / base["after_kib"]
-        table[variant] = {**r, "increase_ratio": increase, "peak_ratio": peak}
-        lines.append(
-            f"  {variant:<12} {r['increase_kib'] / 1024:>7.0f} MiB {increase:>7.3f} "
-            f"{r['after_kib'] / 1024:>7.0f} MiB {peak:>7.3f}"
-        )
-    lines.append(f"  (baseline: {TIED_BASELINE}; increase = ru_maxrss after the call - before it)")
+    table = {v: {**results[v], "increase_ratio": results[v]["increase_kib"] / max(base["increase_kib"], 1),
+                 "peak_ratio": results[v]["after_kib"] / base["after_kib"]} for v in TIED_VARIANTS}
+    memory = {"group": f"{TIED_GROUP}/peak-memory", "variants": table}
     with capsys.disabled():
-        print("\n" + "\n".join(lines))
+        print("\n".join(report_pages.share_memory_table(memory)))  # as the report has it
     path = os.path.join(os.path.dirname(os.path.abspath(ratios.ratios_path(config))), MEMORY_FILE)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
-        json.dump({"group": f"{SUITE}/tied-{TIED_MB}MB-x{REFS}/peak-memory", "variants": table}, f, indent=2)
+        json.dump(memory, f, indent=2)
         f.write("\n")
     if ratios.targets_skip_reason(config) is None:
         assert table["share=True"]["increase_ratio"] <= 1.3, table
