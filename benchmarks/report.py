@@ -1,12 +1,5 @@
 """Runs every benchmark suite, saves the figures, and writes `docs/benchmarks.md`
-and its plots from them.
-
-    python benchmarks/report.py            # the full report (about 15 minutes on 2 CPU cores)
-    python benchmarks/report.py --quick    # every suite, small (about 5 minutes on 2 cores)
-    python benchmarks/report.py --output /tmp/report   # write elsewhere than docs/ (and its results there)
-    python benchmarks/report.py --only hosts           # one suite: its section and plot updated
-    python benchmarks/report.py --only pytrees         # likewise, any pytest-benchmark suite
-    python benchmarks/report.py --render               # measure nothing: the page again from saved results
+and its plots from them (`--help`; `benchmarks/README.md` has the commands).
 
 It runs the donation modes (`suites/bench_donation.py`, each mode, optimiser
 and size in a process of its own), the pytest-benchmark suites

@@ -32,7 +32,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 
 def orders(n: int) -> list[list[int]]:

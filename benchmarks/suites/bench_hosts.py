@@ -139,27 +139,10 @@ def worker(options) -> None:
     jax.distributed.shutdown()
 
 
-def main() -> int:
+if __name__ == "__main__":  # a worker (`run_all` starts them; `report.py --only hosts` runs the suite)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--leaves", nargs="*", type=int, default=list(LEAVES))
-    parser.add_argument("--rounds", type=int, default=FULL["rounds"])
-    parser.add_argument("--steps", type=int, default=FULL["steps"])
-    parser.add_argument("--warm", type=int, default=FULL["warm"])
-    parser.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
-    options = parser.parse_args()
-    if options.worker is not None:
-        worker(options)
-        return 0
-    result = run_all(options.quick, options.leaves)
-    if result["error"]:
-        print(result["error"])
-        return 1
-    print(json.dumps(result["groups"], indent=1))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    for name in ("worker", "port", "rounds", "steps", "warm"):
+        parser.add_argument(f"--{name}", type=int, required=True)
+    parser.add_argument("--leaves", nargs="*", type=int, required=True)
+    parser.add_argument("--out", required=True)
+    worker(parser.parse_args())
