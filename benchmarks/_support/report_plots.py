@@ -47,6 +47,13 @@ def _save(fig, path: str) -> str:
     return path
 
 
+def _panels(groups: dict, pad: float):
+    """A figure of one panel a group, each as tall as its variants."""
+    heights = [len(g["variants"]) for g in groups.values()]
+    return _pyplot().subplots(len(groups), 1, figsize=(8, sum(0.42 * h + pad for h in heights) + 0.6),
+                              gridspec_kw={"height_ratios": [h + 2 for h in heights]}, squeeze=False)
+
+
 def plot_donation(rows: list[dict], img: str, memory_label: str, plan) -> list[str]:
     """Both donation plots; `plan` is the `bench_donation` module. Returns the
     files written."""
@@ -97,10 +104,7 @@ def plot_suite(suite: str, groups: dict, img: str) -> str | None:
             and any(v["ratio"] is not None for v in g["variants"].values())}
     if not mine:
         return None
-    plt = _pyplot()
-    heights = [len(g["variants"]) for g in mine.values()]
-    fig, axes = plt.subplots(len(mine), 1, figsize=(8, sum(0.42 * h + 0.9 for h in heights) + 0.6),
-                             gridspec_kw={"height_ratios": [h + 2 for h in heights]}, squeeze=False)
+    fig, axes = _panels(mine, 0.9)
     for ax, (name, g) in zip(axes[:, 0], mine.items()):
         variants = [(variant, v) for variant, v in g["variants"].items() if v["ratio"] is not None]
         ratios = [v["ratio"] for _, v in variants]
@@ -131,10 +135,7 @@ def plot_hosts(groups: dict, img: str, targets: dict) -> str | None:
     without its size -> (variant, ratio). Returns the file written."""
     if not groups:
         return None
-    plt = _pyplot()
-    heights = [len(g["variants"]) for g in groups.values()]
-    fig, axes = plt.subplots(len(groups), 1, figsize=(8, sum(0.42 * h + 1.0 for h in heights) + 0.6),
-                             gridspec_kw={"height_ratios": [h + 2 for h in heights]}, squeeze=False)
+    fig, axes = _panels(groups, 1.0)
     largest = max([1.0] + [v["round_ratios"][2] for g in groups.values() for v in g["variants"].values()
                            if v.get("round_ratios")])
     for ax, (name, g) in zip(axes[:, 0], groups.items()):

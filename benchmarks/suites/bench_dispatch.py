@@ -1,8 +1,5 @@
 """Dispatch overhead of `filtx.filter_jit`, against `eqx.filter_jit` and `jax.jit`.
 
-Every figure is a ratio of two timings measured in the same run (see
-`_support/ratios.py` and README.md):
-
 - Warm calls of a trivial computation (one leaf + 1) on Equinox MLPs of 100 and
   1000 array leaves: filtx, eqx, `jax.jit` on the pre-partitioned parameters
   (`eqx.partition(model, eqx.is_array)`, static part closed over; the baseline)

@@ -1,12 +1,11 @@
 """The first call of a fresh training step: trace + compile + one step.
 
-Every figure is a ratio of two timings measured in the same run (see
-`_support/ratios.py` and README.md). A training step (`models.make_train_step`:
-one gradient and one Adam update, model and optimiser state returned, both
-donated) is built anew for every round, a function object no cache has seen,
-and called once on a fresh copy of the model and optimiser state, blocking on
-its output. What the user waits for before training starts: tracing the step,
-lowering, XLA's compilation, and the one step.
+A training step (`models.make_train_step`: one gradient and one Adam update,
+model and optimiser state returned, both donated) is built anew for every
+round, a function object no cache has seen, and called once on a fresh copy of
+the model and optimiser state, blocking on its output. What the user waits for
+before training starts: tracing the step, lowering, XLA's compilation, and the
+one step.
 
 - `first_call/transformer-12-layer/adam`: a 12-layer decoder-only transformer
   made of Equinox modules (`models.transformer()`: token and position

@@ -1,10 +1,9 @@
 """Flax NNX as a peer: `nnx.jit` against `filtx.filter_jit(share=True)` on the
 same model with a tied (shared) layer and the same SGD step.
 
-Every figure is a ratio of two timings measured in the same run (see
-`_support/ratios.py` and README.md). The model is a 4-layer tanh MLP
-`in -> hidden -> hidden -> out` whose two hidden layers are **one** layer
-(tied weights), at two widths (64: dispatch dominates; 1024: compute does):
+The model is a 4-layer tanh MLP `in -> hidden -> hidden -> out` whose two
+hidden layers are **one** layer (tied weights), at two widths (64: dispatch
+dominates; 1024: compute does):
 
 - `nnx.jit` (**the baseline**): an `nnx.Module` whose `layers` list holds the
   same `nnx.Linear` twice; the step is `nnx.jit`-ed, takes its gradient with

@@ -3,10 +3,9 @@ JAX's migration guide gives for pmap (`jax.jit(jax.shard_map(...))` over a
 one-axis mesh of the devices, on the partitioned parameters), on 8 virtual CPU
 devices. filtx's `filter_pmap` is itself built on `jax.jit` + `jax.shard_map`.
 
-Every figure is a ratio of two timings measured in the same run (see
-`_support/ratios.py` and README.md). The model is `leafy_mlp(100)` (100 array
-leaves, 2 activation-function leaves), replicated on a leading device axis of 8
-and already laid out across the devices.
+The model is `leafy_mlp(100)` (100 array leaves, 2 activation-function leaves),
+replicated on a leading device axis of 8 and already laid out across the
+devices.
 
 - `pmap/warm-call/blocking/100`: a warm step with a trivial computation (one
   leaf + 1), blocking on its output: filtx, eqx, `jax.jit(jax.shard_map)` and

@@ -3,9 +3,6 @@
 axes (what `jax.make_mesh` gives since JAX 0.9; the axis type is given, so the
 suite measures the same on every JAX).
 
-Every figure is a ratio of two timings measured in the same run (see
-`_support/ratios.py` and README.md):
-
 - A data-parallel training step (gradients, an SGD-with-momentum update, the
   whole model returned; model and optimiser state replicated, the batch split
   along the `data` mesh axis; donating), warm, timed over a pipelined loop of

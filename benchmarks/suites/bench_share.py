@@ -1,9 +1,6 @@
 """The shared-leaf pass (`share=True`): what sharing saves, and what it costs
 when nothing is shared.
 
-Every figure is a ratio of two measurements taken in the same run (see
-`_support/ratios.py` and README.md):
-
 - **Tied, 64 MB x 16** (`share/tied-64MB-x16`): one 64 MB float32 array is
   referenced 16 times in the arguments; the function updates each distinct
   array once (`filtx.unshare`, a multiply-add, `filtx.reshare`) and so returns

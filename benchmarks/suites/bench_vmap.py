@@ -1,9 +1,8 @@
 """`filtx.filter_vmap` against `eqx.filter_vmap` and `jax.vmap`.
 
-Every figure is a ratio of two timings measured in the same run (see
-`_support/ratios.py` and README.md). The workload is an ensemble of 8 MLPs, built
-with `filtx.filter_vmap(lambda key: eqx.nn.MLP(...))(keys)`, evaluated on one
-batch shared by every member (`in_axes=(if_array(0), None)`).
+The workload is an ensemble of 8 MLPs, built with `filtx.filter_vmap(lambda
+key: eqx.nn.MLP(...))(keys)`, evaluated on one batch shared by every member
+(`in_axes=(if_array(0), None)`).
 
 - `vmap/jit-compile`: trace + lower + compile of `jax.jit(lambda p, x:
   V(eqx.combine(p, static), x))`, a fresh function (and a fresh vmap wrapper)
