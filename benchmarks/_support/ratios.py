@@ -108,14 +108,6 @@ def ratio(group: str, variant: str, over: str | None = None, stat: str = "median
     return getattr(result, stat) / getattr(other, stat)
 
 
-def groups() -> dict[str, list[Result]]:
-    """The session's results by group, in measurement order."""
-    out: dict[str, list[Result]] = {}
-    for result in RESULTS.values():
-        out.setdefault(result.group, []).append(result)
-    return out
-
-
 #
 # Targets
 #
@@ -223,8 +215,11 @@ def run_timed(pytest_args: list, env: dict | None = None, timeout: float = 7200)
 
 def to_json(info: dict[str, Any]) -> dict[str, Any]:
     """This session's groups in the JSON format of `benchmarks/README.md`."""
+    by_group: dict[str, list[Result]] = {}
+    for result in RESULTS.values():  # in measurement order
+        by_group.setdefault(result.group, []).append(result)
     out = {}
-    for group, results in groups().items():
+    for group, results in by_group.items():
         first = results[0]
         out[group] = {"suite": first.suite, "baseline": first.baseline, "unit": first.unit, "params": first.params,
                       "run": info, "variants": {r.variant: {
