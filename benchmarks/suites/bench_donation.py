@@ -195,15 +195,11 @@ def steps_for(mb: float, quick: bool) -> int:
     return FULL_STEPS * 4 if mb < 64 else FULL_STEPS
 
 
-def sizes(quick: bool) -> dict[str, tuple]:
-    return QUICK_SIZES if quick else FULL_SIZES
-
-
 def run_all(quick: bool, progress=None) -> list[dict]:
     """Every (optimiser, size, mode) of the quick or full plan, each in its own
     process, smallest sizes first."""
     rows = []
-    for name, mbs in sizes(quick).items():
+    for name, mbs in (QUICK_SIZES if quick else FULL_SIZES).items():
         for mb in mbs:
             steps = steps_for(mb, quick)
             for mode in MODES:

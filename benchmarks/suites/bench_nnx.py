@@ -76,10 +76,6 @@ def batch():
     return jax.device_put(x), jax.device_put(y)
 
 
-def nnx_model(width: int) -> TiedMLP:
-    return TiedMLP(width, nnx.Rngs(0))
-
-
 def dict_params(model: TiedMLP) -> dict:
     """The NNX model's weights as a dict pytree, the tied layer one dict object
     at two positions."""
@@ -131,7 +127,7 @@ def make_variant(variant: str, width: int):
     """A zero-argument callable that runs one step (blocking) and returns the
     loss; its state lives in the closure."""
     x, y = batch()
-    model = nnx_model(width)
+    model = TiedMLP(width, nnx.Rngs(0))
     if variant == "nnx.jit":
         return lambda: jax.block_until_ready(nnx_step(model, x, y))
     params = dict_params(model)

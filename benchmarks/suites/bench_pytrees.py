@@ -77,6 +77,7 @@ FLAT_GROUP = f"{SUITE}/flat-dict-{FLAT_LEAVES}"
 BATCH_GROUP = f"{SUITE}/list-batch-{BATCH_LEAVES}"
 
 
+@ft.cache
 def dict_params(leaves: int) -> dict:
     """`{"layerJ": {"w": (8, 8), "b": (8,)}}`, `leaves` arrays in all."""
     rng = np.random.default_rng(0)
@@ -159,11 +160,6 @@ def loop(fn, state: tuple, steps: int, kept: tuple = ()):
 
 
 @ft.cache
-def _params(leaves: int) -> dict:
-    return dict_params(leaves)
-
-
-@ft.cache
 def _flat(leaves: int = FLAT_LEAVES) -> dict:
     return {f"x{i}": jnp.full((4,), float(i)) for i in range(leaves)}
 
@@ -190,19 +186,19 @@ def _case(fn, make_state, steps: int, kept: tuple = ()) -> interleave.Case:
 
 @ft.cache
 def _adam_fn(variant: str, leaves: int, donate: bool):
-    params = _params(leaves)
+    params = dict_params(leaves)
     return variant_of(variant, adam_step, (params, OPT.init(params)), donate)
 
 
 def adam_case(smoke, leaves, mode, variant) -> interleave.Case:
     leaves = SMOKE_LEAVES if smoke else leaves
-    example = (_params(leaves), OPT.init(_params(leaves)))
+    example = (dict_params(leaves), OPT.init(dict_params(leaves)))
     fn = _adam_fn(variant, leaves, mode == "donate")
     return _case(fn, lambda: models.fresh_copy(example), SMOKE_STEPS if smoke else STEPS[leaves])
 
 
 def expected_adam(leaves: int, steps: int) -> tuple:
-    state = (_params(leaves), OPT.init(_params(leaves)))
+    state = (dict_params(leaves), OPT.init(dict_params(leaves)))
     return loop(jax.jit(adam_step), models.fresh_copy(state), steps)
 
 
@@ -243,7 +239,7 @@ def test_flat_dict(benchmark, smoke, variant):
 
 
 def batch_case(smoke, variant) -> interleave.Case:
-    params = _params(SMOKE_LEAVES if smoke else BATCH_LEAVES)
+    params = dict_params(SMOKE_LEAVES if smoke else BATCH_LEAVES)
     fn = variant_of(variant, sgd_step, (_batch(), params), True, kept=1)
     return _case(fn, lambda: (models.fresh_copy(params),), SMOKE_STEPS if smoke else STEPS[BATCH_LEAVES], (_batch(),))
 
@@ -257,7 +253,7 @@ def test_list_batch(benchmark, smoke, variant):
         params={"parameter_leaves": BATCH_LEAVES, "batch": "[x, y]", "steps": steps, "donate": True},
         unit="step", per=steps,
     )
-    params = _params(SMOKE_LEAVES if smoke else BATCH_LEAVES)
+    params = dict_params(SMOKE_LEAVES if smoke else BATCH_LEAVES)
     check_same(out, loop(jax.jit(sgd_step), (models.fresh_copy(params),), steps, (_batch(),))[0])
     assert not any(x.is_deleted() for x in _batch())
 

@@ -279,12 +279,8 @@ def test_shard_map_step(benchmark, smoke, variant):
     time_loop(benchmark, smoke, MAP_GROUP, variant, BASELINE, {"devices": len(jax.devices())})
 
 
-def fsdp_spec(variant: str):
-    return P() if variant == "replicated" else fsdp
-
-
 def fsdp_case(smoke, variant) -> interleave.Case:
-    return loop_case(*dp_variant("filtx", smoke, spec=fsdp_spec(variant)), smoke)
+    return loop_case(*dp_variant("filtx", smoke, spec=P() if variant == "replicated" else fsdp), smoke)
 
 
 @interleave.round_robin(group=FSDP_GROUP, prepare=fsdp_case)
