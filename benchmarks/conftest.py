@@ -2,8 +2,8 @@
 
 - `_support` importable (`benchmarks/` on `sys.path`), under any pytest import
   mode, and 8 virtual CPU devices (`_support.devices`), before JAX is imported.
-- Smoke mode: with timing off (pyproject's `--benchmark-disable`, as in the
-  default test run) every body runs once on small sizes; the `smoke` fixture
+- Smoke mode: with timing off (pyproject's `--benchmark-disable`, as in CI's
+  smoke step) every body runs once on small sizes; the `smoke` fixture
   says which mode a test is in (`_support.ratios.timing_on`).
 - The variants of each group with fixed rounds are timed round-robin
   (`_support/interleave.py`): the tests marked `interleave.round_robin` are
