@@ -85,7 +85,6 @@ class InFlight:
             self.calls.append(arrays)
 
 
-
 def _finished(outputs: list) -> bool:
     """Wait for the call that returned `outputs`; False where every one of them
     was donated to a later call since (nothing is left to wait on)."""

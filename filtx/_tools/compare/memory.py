@@ -18,7 +18,8 @@ from ..._core.roles import is_ref
 
 __all__ = [
     "fresh", "fresh_tree", "is_deleted", "block", "in_flight_window", "device_memory", "OwnPeak",
-    "memory_figures", "outputs_differ", "executable", "analysis_parts", "shard_bytes", "input_shardings", "argument_shardings",
+    "memory_figures", "outputs_differ", "executable", "analysis_parts", "shard_bytes", "input_shardings",
+    "argument_shardings",
 ]
 
 
