@@ -33,10 +33,12 @@ owns, its words, and what it may import.
   - `donation`: which donated buffers an output reuses; warnings and the strict mode
   - `errors`: every user-facing message; `explain`: explained retraces
   - `mutation`: arguments changed in place inside a function (`MutatedArgumentWarning`)
+  - `reductions`: shard_map reductions of values already the same on every shard
+    (`InvariantReductionWarning`)
   - `eqx_errors`: Equinox's runtime errors raised as `eqx.filter_jit` raises them
   - `caches`: bounded caches, `clear_caches`, compile state shared by equal wrappers
   - `leaks`: tracers hidden in returned objects; `varying`: which pmap outputs
-    differ across devices
+    differ across devices, and which outputs a reduction of an invariant value feeds
 - `_transforms/`: the transforms and what they share
   - `jit`, `vmap`, `pmap`, `shard_map`, `shard`: the transforms
   - `wrapper`: what every wrapper shares: the one call template (`__call__`,
@@ -73,6 +75,7 @@ from ._core.caches import clear_caches
 from ._core.donation import UnusableDonationWarning
 from ._core.eqx_errors import block_until_ready
 from ._core.mutation import MutatedArgumentWarning
+from ._core.reductions import InvariantReductionWarning
 from ._core.roles import donate, if_array, static, traced
 from ._core.share import SharingPattern, reshare, unshare
 from ._transforms.export import call_exported
@@ -150,6 +153,7 @@ __all__ = [
     "CapacityComparison",
     "CapacityRow",
     "MutatedArgumentWarning",
+    "InvariantReductionWarning",
     "block_until_ready",
     "call_exported",
     "explain",

@@ -1,13 +1,18 @@
 """`max_in_flight=k`: before a call is dispatched, at most `k` earlier calls of
-the wrapper are unfinished; the call just dispatched is never waited on; what
-the wrapper holds to wait on keeps no donated buffer alive and is never a
-deleted array."""
+the wrapper are unfinished; the call just dispatched is never waited on; the
+bound holds nothing of the user's outputs, still holds when they are deleted
+or donated onward, and across threads; a donating loop keeps its next call
+queued; and the bound never compiles anything again."""
 
+import functools
+import inspect
 import json
 import os
 import pickle
+import statistics
 import subprocess
 import sys
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +21,7 @@ import pytest
 from jax.sharding import AxisType, PartitionSpec as P
 
 import filtx
+from filtx._core.caches import _TABLE_ATTRIBUTE
 
 WIDTH = 384
 
@@ -42,6 +48,12 @@ def slow_state_only(state, x):
 
 def unfinished(outputs):
     return sum(1 for out in outputs if not all(x.is_ready() for x in jax.tree_util.tree_leaves(out) if not x.is_deleted()))
+
+
+# Reads a call's output: ready once that call has finished (and this tiny
+# program has run after it, a moment later: so a check after a dispatch may
+# count the last call waited on as unfinished, and bounds are checked as k + 1).
+observe = jax.jit(lambda w: w[0, 0])
 
 
 def run_loop(step, first, calls, fed=lambda out: out[0]):
@@ -79,21 +91,39 @@ import json, sys
 sys.path.insert(0, sys.argv[1])
 import jax, jax.numpy as jnp
 import filtx
-from test_in_flight import WIDTH, run_loop, slower_step
+from test_in_flight import WIDTH, observe, run_loop, slow_state_only, slow_step, slower_step, unfinished
 step = filtx.filter_jit(slower_step)
 first = step(jnp.ones((WIDTH, WIDTH)) * 0.01, jnp.ones(4))[0]
 jax.block_until_ready(first)
-print(json.dumps([step._in_flight is None, run_loop(step, first, 6)]))
+unbounded = run_loop(step, first, 6)
+donating = filtx.filter_jit(slow_step, donate="arrays", max_in_flight=1)
+first = donating(jnp.ones((WIDTH, WIDTH)) * 0.01, jnp.ones(4))[0]
+jax.block_until_ready(first)
+with_loss = run_loop(donating, first, 9)
+# Every output donated to the next call: each call's state is read by a probe
+# (`observe`) before the next call takes it; bounded, and not.
+state_only = []
+for k in (1, None):
+    step_k = filtx.filter_jit(slow_state_only, donate="arrays", max_in_flight=k)
+    state = step_k((jnp.ones((WIDTH, WIDTH)) * 0.01, jnp.zeros((), jnp.int32)), jnp.ones(4))
+    jax.block_until_ready(observe(state[0]))
+    probes, seen = [], []
+    for _ in range(9):
+        state = step_k(state, jnp.ones(4))
+        seen.append(unfinished(probes))
+        probes.append(observe(state[0]))
+    jax.block_until_ready(probes)
+    state_only.append(seen)
+print(json.dumps([step._in_flight is None, unbounded, with_loss, *state_only]))
 """
 
 
-def test_without_the_option_the_loop_runs_ahead():
-    # The same loop unbounded queues calls (what the option is for): a step of a
-    # few hundred milliseconds of one core's work, six dispatched in a few
-    # milliseconds each, on a loaded machine or a many-core one. In a fresh
-    # process: under JAX 0.7.2, once a host callback has raised in a process (an
-    # `eqx.error_if` that fired: tests of run-time errors do it), every later call
-    # there runs before its dispatch returns, `jax.jit`'s as well.
+@functools.cache
+def loops_in_a_fresh_process():
+    # In a fresh process: under JAX 0.7.2, once a host callback has raised in a
+    # process (an `eqx.error_if` that fired: tests of run-time errors do it),
+    # every later call there runs before its dispatch returns, `jax.jit`'s as
+    # well, and no call is ever seen queued.
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     env.pop("XLA_FLAGS", None)
     done = subprocess.run(
@@ -101,36 +131,150 @@ def test_without_the_option_the_loop_runs_ahead():
         capture_output=True, text=True, timeout=180, env=env,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    unset, seen = json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_without_the_option_the_loop_runs_ahead():
+    # The same loop unbounded queues calls (what the option is for): a step of a
+    # few hundred milliseconds of one core's work, six dispatched in a few
+    # milliseconds each, on a loaded machine or a many-core one.
+    unset, seen, *_ = loops_in_a_fresh_process()
     assert unset
     assert max(seen) > 1, seen
 
 
-def test_a_step_whose_outputs_are_all_donated_onward_is_still_bounded():
-    # Every output feeds the next call, which donates it: the window cannot wait
-    # on a deleted array, so it waits on the later call that took the buffer.
-    step = filtx.filter_jit(slow_state_only, donate="arrays", max_in_flight=1)
-    state = step((jnp.ones((WIDTH, WIDTH)) * 0.01, jnp.zeros((), jnp.int32)), jnp.ones(4))
-    jax.block_until_ready(state)
-    seen = run_loop(step, state, 6, fed=lambda out: out)
+def test_a_donating_loop_keeps_its_next_call_queued():
+    # At k=1 a donating loop waits for the call before the previous one, never
+    # for the previous one: after each dispatch one earlier call is still
+    # running (the device has the next step queued), and never two; also where
+    # every output is donated to the next call (a bound that then waited on the
+    # call that took the state's buffers often had none queued). Seen through
+    # the loss; or, where every output is donated, through a probe of each state
+    # (`observe`: the last call waited on may count, so at most k + 1, and at
+    # least the call still running, where JAX queues such a loop at all: JAX
+    # 0.7.2's CPU client returns from a dispatch that donates a buffer not yet
+    # defined only once it is, `jax.jit`'s too).
+    _, _, with_loss, state_only, unbounded = loops_in_a_fresh_process()
+    assert max(with_loss) <= 1 and statistics.median(with_loss[1:]) == 1, with_loss
+    assert max(state_only) <= 2, state_only
+    if max(unbounded) > 1:
+        assert min(state_only[1:]) >= 1, (state_only, unbounded)
+
+
+def test_the_bound_holds_when_the_outputs_are_deleted():
+    # Every output deleted by the user right after the call (a bound that
+    # waited on the outputs had nothing left to wait on, and queued them all).
+    step = filtx.filter_jit(slow_step, max_in_flight=0)
+    w = jnp.ones((WIDTH, WIDTH)) * 0.01
+    jax.block_until_ready(observe(step(w, jnp.ones(4))[0]))
+    probes, seen = [], []
+    for _ in range(5):
+        out = step(w, jnp.ones(4))
+        seen.append(unfinished(probes))
+        probes.append(observe(out[0]))
+        for x in out:
+            x.delete()
+    jax.block_until_ready(probes)
     assert max(seen) <= 1, seen
-    held = list(step._in_flight.calls)
-    assert held and all(x.is_deleted() for outputs in held[:-1] for x in outputs)  # donated onward, not kept
-    jax.block_until_ready(held[-1])
 
 
-def test_the_window_keeps_no_donated_buffer_alive():
-    # It holds each call's outputs; the state fed back is donated by the next
-    # call, so what stays alive of a held call is its loss alone.
-    step = filtx.filter_jit(slow_step, donate="arrays", max_in_flight=2)
-    w = step(jnp.ones((WIDTH, WIDTH)) * 0.01, jnp.ones(4))[0]
-    for _ in range(4):
+def test_the_bound_holds_when_the_outputs_are_donated_onward():
+    # A bounded producer feeding a donating consumer: the producer's outputs are
+    # deleted by the consumer that took their buffers.
+    produce = filtx.filter_jit(lambda w, x: chain(w, x, 10_000), max_in_flight=1)
+    consume = filtx.filter_jit(lambda w: w * 2, donate="arrays")
+    w = jnp.ones((WIDTH, WIDTH)) * 0.01
+    jax.block_until_ready(consume(produce(w, jnp.ones(4))))
+    results, seen = [], []
+    for _ in range(6):
+        made = produce(w, jnp.ones(4))
+        seen.append(unfinished(results))
+        results.append(consume(made))
+        assert made.is_deleted()
+    jax.block_until_ready(results)
+    assert max(seen) <= 2, seen
+
+
+def test_two_threads_on_one_wrapper_never_run_two_calls_at_once():
+    # k=0 across threads: at any moment at most one call of the wrapper is
+    # unfinished. Each thread, after each dispatch, takes the calls recorded so
+    # far (all dispatched before that moment) and counts the unfinished ones:
+    # two unfinished then were two unfinished at once.
+    step = filtx.filter_jit(slow_step, max_in_flight=0)
+    w = jnp.ones((WIDTH, WIDTH)) * 0.01
+    jax.block_until_ready(step(w, jnp.ones(4)))
+    outs, worst, errors = [], [], []
+
+    def loop():
+        try:
+            for _ in range(5):
+                outs.append(step(w, jnp.ones(4)))
+                worst.append(unfinished(list(outs)))
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=loop) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    jax.block_until_ready(outs)
+    assert not errors and len(outs) == 10
+    assert max(worst) <= 1, worst
+
+
+@pytest.mark.parametrize("donate", ["none", "arrays"])
+@pytest.mark.parametrize("k", [1, 4])
+def test_the_bound_holds_nothing_of_the_outputs(donate, k):
+    # Once the user drops the outputs, none of their bytes is alive, the wrapper
+    # kept or deleted (a bound that held the last outputs kept k + 1 states).
+    shape = (WIDTH + 8, WIDTH)  # this test's own
+
+    def count():
+        return sum(1 for x in jax.live_arrays() if x.shape == shape)
+
+    before = count()
+    step = filtx.filter_jit(slow_step, donate=donate, max_in_flight=k)
+    w = jnp.ones(shape) * 0.01
+    for _ in range(k + 3):
         w, loss = step(w, jnp.ones(4))
-    held = list(step._in_flight.calls)
-    assert 1 <= len(held) <= 3
-    for outputs in held[:-1]:
-        assert [x.shape for x in outputs if not x.is_deleted()] == [()]
     jax.block_until_ready(w)
+    del w, loss
+    assert count() == before
+    del step
+    assert count() == before
+
+
+def test_the_bound_compiles_nothing_again_and_takes_no_compile_state():
+    traces = []
+
+    def f(w, x):
+        traces.append(1)
+        return w * 2, jnp.sum(x)
+
+    w, x = jnp.ones(3), jnp.ones(2)
+    for k in [None, 0, 1, 3, None, 2]:
+        _, b = filtx.filter_jit(f, max_in_flight=k)(w, x)
+    assert float(b) == 2.0 and len(traces) == 1
+    assert len(f.__dict__[_TABLE_ATTRIBUTE]) == 1  # one compile state, whatever the bound
+    bounded, other = filtx.filter_jit(f, max_in_flight=1), filtx.filter_jit(f, max_in_flight=3)
+    assert bounded._boundary is other._boundary and bounded._in_flight is other._in_flight
+
+
+def test_the_option_is_declared_once():
+    made = [
+        filtx.filter_jit(lambda x: x, max_in_flight=2),
+        filtx.filter_pmap(lambda x: x, max_in_flight=2),
+        filtx.filter_shard_map(
+            lambda x: x, mesh=jax.make_mesh((1,), ("d",), axis_types=(AxisType.Explicit,)),
+            in_specs=P(), out_specs=P(), max_in_flight=2,
+        ),
+    ]
+    owners = set()
+    for wrapper in made:
+        assert list(wrapper.options)[-1] == "max_in_flight" and wrapper.options["max_in_flight"] == 2
+        owners.add(next(c for c in type(wrapper._options).__mro__ if "max_in_flight" in inspect.get_annotations(c)))
+    assert len(owners) == 1
 
 
 def test_equal_wrappers_made_inline_share_the_bound():
@@ -169,6 +313,8 @@ def test_a_bad_max_in_flight_names_the_argument(factory, bad):
 def test_the_option_travels_and_keeps_equality():
     a = filtx.filter_jit(slow_step, max_in_flight=1)
     b = filtx.filter_jit(slow_step, max_in_flight=1)
+    # Wrappers differing only in the bound share their compile state but are not
+    # equal: they behave differently when called.
     assert a == b and hash(a) == hash(b) and a != filtx.filter_jit(slow_step, max_in_flight=2)
     back = pickle.loads(pickle.dumps(a))
     assert back.options["max_in_flight"] == 1 and back == a
@@ -186,7 +332,7 @@ def test_filter_pmap_bounds_its_calls():
         outs.append(out)
         w = out[0]
         jax.block_until_ready(w)  # collectives on virtual CPU devices: keep few queued
-    assert max(seen) <= 1 and step._in_flight.calls
+    assert max(seen) <= 1 and step._in_flight.tokens
 
 
 def test_filter_shard_map_bounds_its_eager_calls():
@@ -200,4 +346,4 @@ def test_filter_shard_map_bounds_its_eager_calls():
     for _ in range(3):
         w, total = step(w, jnp.ones(n * 2))
         jax.block_until_ready(total)
-    assert float(total) == 2.0 * n and len(step._in_flight.calls) <= 1
+    assert float(total) == 2.0 * n and len(step._in_flight.tokens) <= 1

@@ -40,6 +40,8 @@ __all__ = [
     "ANY_UNUSABLE_DONATION",
     "arg_aval",
     "is_ref_aval",
+    "written_by_transpose",
+    "user_line",
 ]
 
 # ---------------------------------------------------------------------------
@@ -176,3 +178,21 @@ def memory_refused(error: Exception) -> bool:
         "RESOURCE_EXHAUSTED" in text or "out of memory" in lowered or "oom" in lowered.split()
         or "autotun" in lowered or "allocat" in lowered and "fail" in lowered
     )
+
+
+def written_by_transpose(source_info: Any) -> bool:
+    """Whether a jaxpr equation was written by reverse-mode differentiation (JAX
+    names its scope `transpose(...)`), not by the user's own code."""
+    return "transpose(" in str(getattr(source_info, "name_stack", ""))
+
+
+def user_line(source_info: Any) -> tuple[str, int] | None:
+    """The file and line of the user's code that wrote a jaxpr equation (JAX's
+    own frames and filtx's left out), or None where JAX does not say."""
+    try:
+        from jax._src import source_info_util
+
+        frame = source_info_util.user_frame(source_info.traceback)
+    except Exception:  # pragma: no cover - a JAX that moved it
+        return None
+    return None if frame is None else (frame.file_name, frame.start_line)

@@ -22,6 +22,11 @@ class SpecError(ValueError):
     """A spec problem found before the path of the leaf is known."""
 
 
+class DeletedInput(RuntimeError):
+    """A donating call refused before dispatch: one of its inputs was deleted (see
+    `Entry._refuse_deleted`); the wrapper raises `deleted_array_error` by path."""
+
+
 def keystr(path) -> str:
     return jax.tree_util.keystr(tuple(path))
 
@@ -30,15 +35,18 @@ def call_leaf_paths(root: Any) -> list[str]:
     """Readable paths of every leaf of a `(fun, args, kwargs)` root, in flatten order:
     `args[1].layers[0].weight`, `kwargs['lr']`, `fun.weight`."""
     flat, _ = jax.tree_util.tree_flatten_with_path(root)
-    out = []
-    for path, _ in flat:
-        head, rest = path[0], path[1:]
-        name = ROOT_NAMES[head.idx] if hasattr(head, "idx") else keystr((head,))
-        if name == "kwargs" and rest and hasattr(rest[0], "key"):
-            out.append(f"kwargs[{rest[0].key!r}]{keystr(rest[1:])}")
-        else:
-            out.append(name + keystr(rest))
-    return out
+    return [root_path(path) for path, _ in flat]
+
+
+def root_path(path: tuple) -> str:
+    """A key path into a `(fun, args, kwargs)` root, as `call_leaf_paths` writes it."""
+    if not path:
+        return "the arguments"
+    head, rest = path[0], path[1:]
+    name = ROOT_NAMES[head.idx] if hasattr(head, "idx") else keystr((head,))
+    if name == "kwargs" and rest and hasattr(rest[0], "key"):
+        return f"kwargs[{rest[0].key!r}]{keystr(rest[1:])}"
+    return name + keystr(rest)
 
 
 def dynamic_paths(root: Any, plan) -> list[str]:
@@ -165,6 +173,141 @@ def rename_dynamic(error: BaseException, paths: list[str]) -> None:
     args = getattr(error, "args", ())
     if args and isinstance(args[0], str) and _DYNAMIC_NAME.search(args[0]):
         error.args = (_DYNAMIC_NAME.sub(name, args[0]),) + tuple(args[1:])
+
+
+# ---------------------------------------------------------------------------
+# A compiled function called with other arguments than it was lowered for
+
+
+def lowered_for_other_arguments(plan, statics: tuple, pattern: tuple | None, split) -> ValueError:
+    """The error for a compiled function (`wrapped.lower(...).compile()`) called with
+    arguments that split otherwise than those it was lowered for (`plan`, `statics`,
+    `pattern`: theirs; `split`: the call's): the first path that differs, and what
+    differs there (the tree structure, a leaf's role, a static value, the sharing
+    pattern). On the error path only."""
+    what = (
+        _structure_difference(split.root, plan.treedef, ())
+        or _role_difference(plan, split)
+        or _static_difference(statics, split)
+        or _pattern_difference(pattern, split)
+        or ("another signature", "the arguments split otherwise than those it was lowered for")
+    )
+    return ValueError(
+        f"this compiled function was lowered for arguments with {what[0]}: {what[1]}. Call "
+        f"`.lower(...)` again for these arguments (or lower for these too: one compiled function "
+        f"per signature), or call the wrapped function itself, which compiles what each call needs."
+    )
+
+
+def _one_level(x: Any) -> tuple[list, Any]:
+    """`x`'s children with their keys, and its node alone (children as leaves)."""
+    flat, treedef = jax.tree_util.tree_flatten_with_path(x, is_leaf=lambda y: y is not x)
+    return flat, treedef
+
+
+_BUILTIN_NODES = (dict, list, tuple, type(None))
+
+
+def _node_words(node_data: Any, n: int) -> str:
+    kind, aux = node_data
+    if kind is dict:
+        return f"a dict with keys {', '.join(map(repr, aux)) or 'none'}"
+    if kind in (list, tuple):
+        return f"a {kind.__name__} of {n} item{'' if n == 1 else 's'}"
+    if kind is type(None):
+        return "None"
+    return f"a {kind.__name__}"
+
+
+def _structure_difference(x: Any, lowered: Any, path: tuple) -> tuple[str, str] | None:
+    """Where the call's tree `x` first differs from the lowered treedef, or None."""
+    if lowered == jax.tree_util.tree_structure(x):
+        return None
+    flat, here = _one_level(x)
+    then_leaf = lowered.num_nodes == 1 and lowered.num_leaves == 1
+    now_leaf = here.num_nodes == 1 and here.num_leaves == 1 and len(flat) == 1 and flat[0][0] == ()
+    then_data = None if then_leaf else lowered.node_data()
+    now_data = None if now_leaf else here.node_data()
+    if then_leaf or now_leaf or then_data != now_data or len(flat) != len(lowered.children()):
+        where = root_path(path)
+        if not (then_leaf or now_leaf) and then_data[0] is now_data[0] and then_data[0] not in _BUILTIN_NODES:
+            return "another tree structure", (
+                f"{where} is a {then_data[0].__name__} with other node data (its static fields) than when "
+                f"lowered: {_short(now_data[1])} now, {_short(then_data[1])} then"
+            )
+        then = "a leaf" if then_leaf else _node_words(then_data, len(lowered.children()))
+        now = f"a leaf ({describe(x)})" if now_leaf else _node_words(now_data, len(flat))
+        return "another tree structure", f"{where} is {now} now, and was {then} when lowered"
+    for (key, child), then_child in zip(flat, lowered.children()):
+        found = _structure_difference(child, then_child, path + tuple(key))
+        if found is not None:
+            return found
+    return None
+
+
+def _role_words(role: Any, axis: Any) -> str:
+    words = {"static": "held static", "traced": "traced", "donate": "donated"}
+    name = words.get(str(role).replace("filtx.", ""), str(role))
+    return name if axis is None else f"{name} (axis {axis!r})"
+
+
+def _role_difference(plan, split) -> tuple[str, str] | None:
+    """The first leaf whose role (or mapped axis) differs, or None."""
+    if split.plan is plan or plan.rules == split.plan.rules:
+        return None
+    paths, leaves = call_leaf_paths(split.root), jax.tree_util.tree_leaves(split.root)
+    for path, leaf, (then, then_axis), (now, now_axis) in zip(paths, leaves, plan.rules, split.plan.rules):
+        if then is not now or then_axis != now_axis:
+            return "another role for a leaf", (
+                f"{path} ({describe(leaf)}) is {_role_words(now, now_axis)} now, and was "
+                f"{_role_words(then, then_axis)} when lowered"
+            )
+    return None
+
+
+def _same_static(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    try:
+        return type(a) is type(b) and bool(a == b)
+    except Exception:
+        return False
+
+
+def _static_difference(statics: tuple, split) -> tuple[str, str] | None:
+    """The first static leaf whose value differs (by type and ==), or None."""
+    for i, (then, now) in enumerate(zip(statics, split.statics)):
+        if not _same_static(then, now):
+            path = list(compress(call_leaf_paths(split.root), split.plan.static_mask))[i]
+            return "another static value", (
+                f"{path} is {_short(now)} now, and was {_short(then)} when lowered (a static leaf is part of "
+                f"what was compiled)"
+            )
+    return None
+
+
+def _short(x: Any) -> str:
+    text = repr(x)
+    return f"{text[:60]}..." if len(text) > 64 else text
+
+
+def _pattern_difference(pattern: tuple | None, split) -> tuple[str, str] | None:
+    """The first dynamic leaf shared otherwise than when lowered, or None."""
+    if pattern == split.pattern:
+        return None
+    paths = dynamic_paths(split.root, split.plan)
+    then = pattern if pattern is not None else tuple(range(len(paths)))
+    now = split.pattern if split.pattern is not None else tuple(range(len(paths)))
+    for i, (a, b) in enumerate(zip(then, now)):
+        if a != b:
+            was = next((paths[j] for j in range(i) if then[j] == a), None)
+            same = next((paths[j] for j in range(i) if now[j] == b), None)
+            if same is not None:
+                detail = f"{paths[i]} is the same array as {same} now, and was another array when lowered"
+            else:
+                detail = f"{paths[i]} is another array than {was} now, and was the same array when lowered"
+            return "another sharing pattern", detail + " (one array at several places is passed once)"
+    return None
 
 
 # ---------------------------------------------------------------------------

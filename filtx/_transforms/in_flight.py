@@ -1,5 +1,5 @@
 """A wrapper's bound on run-ahead (`max_in_flight=k`): before a call is
-dispatched, wait until at most `k` earlier calls of the wrapper are unfinished.
+dispatched, wait until at most `k` earlier calls are unfinished.
 
 JAX dispatches asynchronously: a loop that never reads a result queues calls as
 fast as the host makes them, and without donation every queued call's outputs
@@ -8,31 +8,79 @@ in flight. JAX's GPU client does not cap how many are queued (its TPU client
 caps them at 32). `compare_capacity(ahead=k)` predicts the loop this bound
 makes (the donation guide, "What fits per mode").
 
-What the window holds to wait on, per call: the list of arrays the compiled
-call returned (the list itself, made by the call: nothing is copied or
-flattened per call). A call is finished when its outputs are ready; on the CPU
-runtime an execution's outputs can become ready one by one (a scalar loss
-before the state it was computed from), so the window waits on every output of
-the call, not on one. An output that a later call donated is deleted: it is
-not waited on (it cannot be), and it needs no waiting, since the call that
-took its buffer runs after the call that made it; where every output of a call
-was donated onward, the window waits on that later call instead (more than
-needed, never less). Holding the outputs of the last `k` calls keeps alive
-no more than a loop with `k` calls in flight holds anyway (a donated output
-is deleted whoever holds it), and they are let go once waited on.
+**What a call is waited on by: a token of filtx's own.** Right after a call is
+dispatched, filtx dispatches one more tiny program, `_token`, which takes one
+array the call made (unused: `keep_unused`, so the program still waits for it)
+and returns a `bool` scalar of its own: the call's completion handle. The
+runtime runs a program once its arguments are defined, and every output of an
+execution is defined at once when the execution ends (checked on the CPU
+runtime, JAX 0.7.2 and 0.10.2: a scalar made early in the program is not
+ready before the state made last, and outputs polled one after the other, in
+any order, read unready then ready, never the other way: one event, set at the
+end; on a GPU a stream runs in order); so the token is ready once the call has
+finished, and never before. Nothing of the user's is held: once the user drops
+an output, no byte of it is alive on filtx's side, whether or not the wrapper
+is. And the token cannot be dropped or deleted by the user: a call's outputs
+deleted (`y.delete()`) or donated to another call after the token's program
+was dispatched are still waited on through it (the runtime frees or hands on a
+buffer only after the programs reading it have run).
 
-Unset, the option costs nothing (`Wrapper.__call__` reads one attribute); set,
-a call appends one list, and once `k` are held, waits on the oldest.
+Which output the token takes: the first non-empty array of the call's outputs
+that is not one of its inputs by identity (an input handed back unchanged is
+not made by the call), found on the first call of each entry (compiled
+signature) and kept for the next ones. A call with no such output (all its
+outputs are its inputs, or empty) is not counted.
+
+Cost: unset, the option costs nothing (`Wrapper.__call__` reads one attribute,
+`_in_flight`, None). Set, a call takes a lock, waits where more than `k`
+tokens are held (on the oldest, until `k` are left), and dispatches the token's
+program: 6 microseconds of the host's per call on one CPU device (3.6 of them
+the dispatch), about 100 over 8 virtual CPU devices, where the program runs on
+each. On a CPU the token's execution also takes the runtime's threads some
+tens of microseconds per call, and every wait a wake-up: a loop of 15 ms steps
+ran 4 % slower at k=1, of 1 ms steps 11 to 16 %, where blocking by hand on the
+loss of the step before the previous one cost 3 to 15 %
+(`benchmarks/results/in_flight/`). A token made inside the compiled step would
+cost the runtime nothing more, but compile bounded wrappers apart. The token's
+program is compiled once per kind of array it takes (shape, dtype, sharding),
+for the whole process, and no compile of the wrapper's depends on the bound.
+
+**Kept where, shared by whom.** The record (`InFlight`: the tokens of the
+calls not yet known finished, and a lock) is kept beside the wrapper's compile
+state (`in_flight_of`: it lives and dies with that state, and takes no slot of
+`MAX_SHARED_STATES`), so every wrapper that shares that state and has a bound
+counts the same calls, each waiting by its own `k` (a wrapper made inline at
+every step is bounded as one that is kept; the calls of an unbounded wrapper
+of the same state are not counted). The bound is not part of the
+compile state's key: wrappers that differ only in `max_in_flight` (or in
+having one) share their compiled entries and trace nothing again. They do not
+compare equal (`==`, `hash`, and as a pytree's structure): they behave
+differently when called, and a wrapper rebuilt from a structure must keep the
+bound it was made with; an enclosing `jax.jit` given one then the other traces
+its own function again (never the wrapper's, whose compile state is shared).
+
+**Across threads.** The wait, the dispatch and the token's dispatch run under
+the record's lock (an `RLock`: a call inside the traced function of an equal
+wrapper re-enters), so two threads sharing a wrapper at `k=0` never have two
+calls running at once. A host callback inside the step that calls the same
+wrapper from another thread while a call waits would wait for that call:
+don't call a bounded wrapper from its own callbacks.
+
+A call under another transform's trace (its outputs are tracers) dispatches
+nothing and records nothing; its wait is that of an eager call.
 """
 
 from __future__ import annotations
 
 import collections
+import threading
+import weakref
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
-__all__ = ["InFlight", "check_max_in_flight"]
+__all__ = ["InFlight", "check_max_in_flight", "in_flight_of"]
 
 
 def check_max_in_flight(value: Any, transform: str) -> None:
@@ -47,56 +95,85 @@ def check_max_in_flight(value: Any, transform: str) -> None:
         )
 
 
+def _token(x: Any) -> jax.Array:
+    # `x` is unused, kept (`keep_unused`) so that the program runs only once it is defined.
+    del x
+    return jnp.zeros((), jnp.bool_)
+
+
+_token.__name__ = _token.__qualname__ = "filtx_in_flight_token"
+_TOKEN = jax.jit(_token, keep_unused=True)
+
+_NOTHING = -1  # an entry whose calls make no array to take a token of
+
+
 class InFlight:
-    """The calls of one wrapper (and of every equal wrapper: it is part of their
-    shared compile state) that may still be running.
+    """The calls still running, as far as the bound knows, of the wrappers that
+    share one compile state: `tokens`, one per call dispatched and not yet
+    waited on, oldest first; `lock`, held by a bounded call from its wait to
+    its token's dispatch; `made`, per entry, which of its outputs the token
+    takes (`_NOTHING` where none)."""
 
-    `before()` is called before a call is dispatched and waits until at most
-    `limit` earlier calls are unfinished; `after(arrays)` records the
-    dispatched call by the flat list of arrays it returned."""
+    __slots__ = ("tokens", "lock", "made", "__weakref__")
 
-    __slots__ = ("limit", "calls", "__weakref__")
+    def __init__(self):
+        self.tokens: collections.deque = collections.deque()
+        self.lock = threading.RLock()
+        self.made: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
-    def __init__(self, limit: int):
-        self.limit = limit
-        self.calls: collections.deque = collections.deque()
-
-    def before(self) -> None:
-        calls = self.calls
-        while len(calls) > self.limit:
+    def wait(self, limit: int) -> None:
+        """Wait until at most `limit` earlier calls are unfinished (the caller
+        holds `lock`)."""
+        tokens = self.tokens
+        while len(tokens) > limit:
+            token = tokens.popleft()
             try:
-                outputs = calls.popleft()
-            except IndexError:  # another thread emptied it
+                token.block_until_ready()
+            except Exception:  # the call failed: it has ended too (its error is the user's, where they read it)
+                pass
+
+    def record(self, arrays: list, entry: Any, dynamic: list) -> None:
+        """Dispatch the token of the call that returned `arrays` (the flat list
+        of its arrays; any other pytree of them is flattened) for `entry` on
+        `dynamic` (the caller holds `lock`)."""
+        if type(arrays) is not list:
+            arrays = jax.tree_util.tree_leaves(arrays)
+        index = self.made.get(entry)
+        if index is None:
+            if not arrays or not _concrete(arrays[0]):  # under another transform's trace: nothing ran
                 return
-            if _finished(outputs):
-                continue
-            # Every output went to a later call, which runs after this one:
-            # wait on the earliest later call that can be waited on.
-            while calls:
-                try:
-                    later = calls.popleft()
-                except IndexError:
-                    return
-                if _finished(later):
-                    break
-
-    def after(self, arrays: Any) -> None:
-        if arrays and _waitable(arrays[0]):  # not under another transform's trace
-            self.calls.append(arrays)
+            index = self.made[entry] = _made_by_the_call(arrays, dynamic)
+        if index == _NOTHING:
+            return
+        x = arrays[index]
+        if _concrete(x):
+            self.tokens.append(_TOKEN(x))
 
 
-def _finished(outputs: list) -> bool:
-    """Wait for the call that returned `outputs`; False where every one of them
-    was donated to a later call since (nothing is left to wait on)."""
-    live = [x for x in outputs if isinstance(x, jax.Array) and not x.is_deleted()]
-    if not live:
-        return False
-    try:
-        jax.block_until_ready(live)
-    except Exception:  # a failed computation has ended too; its error is the user's to see where they read it
-        pass
-    return True
-
-
-def _waitable(x: Any) -> bool:
+def _concrete(x: Any) -> bool:
     return isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
+
+
+def _made_by_the_call(arrays: list, dynamic: list) -> int:
+    """The index of the first non-empty array in `arrays` that is not one of the
+    call's inputs (`dynamic`) by identity, or `_NOTHING`."""
+    inputs = set(map(id, dynamic))
+    for i, x in enumerate(arrays):
+        if _concrete(x) and id(x) not in inputs and x.size:
+            return i
+    return _NOTHING
+
+
+_RECORDS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_RECORDS_LOCK = threading.Lock()
+
+
+def in_flight_of(state: Any) -> InFlight:
+    """The record of calls in flight kept beside the compile state `state` (a
+    wrapper's boundary): made on first use, shared by every wrapper of that
+    state, and gone with it."""
+    with _RECORDS_LOCK:
+        found = _RECORDS.get(state)
+        if found is None:
+            found = _RECORDS[state] = InFlight()
+        return found

@@ -20,11 +20,13 @@ from .._core.resolve import LeafResolver
 from .._core.roles import DonateMode, is_array, is_ref, parse_mode
 from .._core.errors import SpecError, output_path
 from .._base.jax_compat import refused_aliasing
-from .sharding import OUT_SHARDINGS, SHARDINGS, check_mesh, misplaced_error, place, placed, under_mesh
+from .sharding import (
+    OUT_SHARDINGS, SHARDINGS, ambient_concrete_mesh, check_mesh, misplaced_error, misplaced_shape_error, place, placed,
+    under_mesh,
+)
 from .._core.share import unique_donation
 from .typing import Jitted
-from .in_flight import check_max_in_flight
-from .options import Options
+from .options import InFlightOptions
 from .wrapper import Wrapper, fun_donates
 
 __all__ = ["filter_jit"]
@@ -33,7 +35,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class JitOptions(Options):
+class JitOptions(InFlightOptions):
     """`filter_jit`'s options (its docstring says what each means); `extra`:
     the keywords passed to `jax.jit`."""
 
@@ -48,13 +50,11 @@ class JitOptions(Options):
     out_shardings: Any = None
     mesh: Any = None
     reuse_outputs: bool = True
-    max_in_flight: int | None = None
     mode: Any = dataclasses.field(init=False, repr=False)  # `donate`, parsed
 
     def check(self) -> None:
         self.derive("mode", parse_mode(self.donate))
         check_mesh(self.mesh, self.transform)
-        check_max_in_flight(self.max_in_flight, self.transform)
 
 
 class _JitWrapper(AheadOfTime, Wrapper):
@@ -98,6 +98,17 @@ class _JitWrapper(AheadOfTime, Wrapper):
         if entry.placements is None:
             return None
         return misplaced_error(paths, dynamic, entry.placements, None, "in_shardings")
+
+    def _placed_shapes(self, entry: Entry, split: Split, dynamic: list) -> list:
+        """`AheadOfTime._placed_shapes`: `jax.jit` refuses a committed array
+        placed otherwise than `in_shardings` says, or on devices other than
+        `mesh=`'s; a shape carrying such a sharding is an error by path."""
+        mesh = self._mesh if self._mesh is not None else ambient_concrete_mesh()
+        paths = lambda: unique_paths(split.root, split.plan, split.pattern)  # noqa: E731
+        error = misplaced_shape_error(paths, dynamic, entry.placements, mesh, "in_shardings")
+        if error is not None:
+            raise error
+        return dynamic
 
     def _build(self, split: Split) -> Entry:
         plan, pattern = split.plan, split.pattern
@@ -246,7 +257,11 @@ def filter_jit(
         unfinished, never for itself. Without donation a loop holds one more
         state for every call in flight, so this is what makes
         `filtx.compare_capacity(ahead=k)`'s size hold in a loop that never
-        waits. Unset, it costs nothing; set, one check per call.
+        waits. It holds nothing of the outputs (each call is waited on by a
+        tiny token program of filtx's, dispatched after it: about 4
+        microseconds), holds when they are deleted or donated onward, and
+        across threads; wrappers that differ only in it share their compiled
+        entries (they are not equal). Unset, it costs nothing.
     - `**jitkwargs`: passed to `jax.jit`, except `static_argnums`,
         `static_argnames`, `donate_argnums` and `donate_argnames`, which filtx owns.
 

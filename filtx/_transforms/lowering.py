@@ -8,9 +8,11 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import numpy as np
 
 from .._core.donation import hidden_depth, hide_jax_warning, show_jax_warning
 from .._core.eqx_errors import without_filtx_frames
+from .._core.errors import lowered_for_other_arguments
 from .export import exported_lowering
 from .._core.outputs import parts
 
@@ -41,13 +43,26 @@ class AheadOfTime:
     def _entry(self, args: tuple, kwargs: dict) -> tuple:
         """`(entry, dynamic, split)` for these arguments, where a
         `jax.ShapeDtypeStruct` stands for an array as in `jax.jit`'s stages: the
-        split sees an empty array of its dtype and rank in its place (so the
-        entry is the one a call with arrays finds), JAX's trace sees the shape."""
+        split sees an array of its shape and dtype in its place (so the entry is
+        the one a call with arrays finds, and callable specs read its shape),
+        JAX's trace sees the shape, placed as a call takes such an array (see
+        `_placed_shapes`)."""
         (args, kwargs), shapes = stand_ins((args, kwargs))
         entry, dynamic, split = self._boundary.prepare(self._fun, args, kwargs, self._build)
         if shapes:
             dynamic = [shapes.get(id(x), x) for x in dynamic]
+            if any(getattr(x, "sharding", None) is not None for x in shapes.values()):
+                dynamic = self._placed_shapes(entry, split, dynamic)
         return entry, dynamic, split
+
+    def _placed_shapes(self, entry, split, dynamic: list) -> list:
+        """The entry's inputs, where a `jax.ShapeDtypeStruct` among them carries a
+        sharding: as a call takes an array placed so (a transform that moves
+        committed arrays takes the shape without its sharding), or an error naming
+        its path where a call refuses such an array. A shape without a sharding
+        stands for an uncommitted array: JAX places it as the call places one.
+        Here: as they are."""
+        return dynamic
 
     def trace(self, /, *args, **kwargs) -> "Traced":
         """Trace for these arguments, without lowering or compiling.
@@ -70,12 +85,22 @@ class AheadOfTime:
             ```
         """
         entry, dynamic, split = self._entry(args, kwargs)
-        return Traced(entry.trace(*dynamic), self, entry, split)
+        try:
+            traced = entry.trace(*dynamic)
+        except Exception as e:
+            self._explain_stage_failure(e, dynamic, split, entry)
+            raise
+        return Traced(traced, self, entry, split)
 
     def lower(self, /, *args, **kwargs) -> "Lowered":
         """Lower for these arguments (ahead-of-time compilation).
 
-        **Arguments:** the same pytrees as a call.
+        **Arguments:** the same pytrees as a call. A `jax.ShapeDtypeStruct`
+        stands for an array (in `.trace` and `.eval_shape` too): with a
+        sharding, one placed so (an error naming its path where a call refuses
+        such an array); without one, an uncommitted array, placed where the
+        call places it (`in_shardings`, `mesh=`, mapped axes, `in_specs`), so
+        the compiled step is the one a call with arrays runs.
 
         **Returns:** a `Lowered` with `.as_text()`, `.cost_analysis()` and
         `.compile()`; the compiled object has `.cost_analysis()` and
@@ -95,8 +120,18 @@ class AheadOfTime:
             assert float(compiled(model, x)[0]) == 3.0
             ```
         """
-        entry, dynamic, _ = self._entry(args, kwargs)
-        return Lowered(entry.lower(*dynamic), self, entry)
+        entry, dynamic, split = self._entry(args, kwargs)
+        try:
+            lowered = entry.lower(*dynamic)
+        except Exception as e:
+            self._explain_stage_failure(e, dynamic, split, entry)
+            raise
+        return Lowered(lowered, self, entry, (split.statics, split.pattern))
+
+    def _explain_stage_failure(self, e: Exception, dynamic: list, split, entry) -> None:
+        """Raise a clearer error, by path, for a `.trace` or `.lower` JAX refused
+        (`filter_shard_map`: an in spec the mesh or the value refuses); else
+        return, and the refusal is raised as it is."""
 
     def eval_shape(self, /, *args, **kwargs) -> Any:
         """The output for these arguments, abstractly: nothing runs or compiles.
@@ -118,10 +153,13 @@ class AheadOfTime:
             assert out["y"].shape == (3,) and out["name"] == "total"
             ```
         """
-        entry, dynamic, _ = self._entry(args, kwargs)
+        entry, dynamic, split = self._entry(args, kwargs)
         depth = hidden_depth()
         try:
             arrays, info = parts(jax.eval_shape(entry.compiled, *dynamic), entry.out_form)
+        except Exception as e:
+            self._explain_stage_failure(e, dynamic, split, entry)
+            raise
         finally:
             show_jax_warning(depth)
         return info.build(arrays)
@@ -151,9 +189,10 @@ class AheadOfTime:
 
 
 def stand_ins(tree: Any) -> tuple[Any, dict]:
-    """`tree` with an empty array of its dtype and rank in place of each
-    `jax.ShapeDtypeStruct` (what a split sees of an abstract argument: it is
-    traced, as an array), and `{id(stand_in): shape}` to put them back."""
+    """`tree` with an array of its shape and dtype, holding one element, in
+    place of each `jax.ShapeDtypeStruct` (what a split sees of an abstract
+    argument: it is traced, as an array), and `{id(stand_in): shape}` to put
+    them back."""
     shapes: dict = {}
     if any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree_util.tree_leaves(tree)):
         tree = jax.tree_util.tree_map(lambda x: _stand_in(x, shapes), tree)
@@ -161,14 +200,20 @@ def stand_ins(tree: Any) -> tuple[Any, dict]:
 
 
 def _stand_in(x: Any, shapes: dict) -> Any:
-    """An empty array of `x`'s dtype and rank in place of a `ShapeDtypeStruct`
-    (kept as it is where JAX makes no such array), remembered in `shapes`."""
+    """An array of `x`'s shape and dtype that holds one element (a NumPy
+    broadcast view), in place of a `ShapeDtypeStruct`: callables in `specs`,
+    `in_shardings` or `in_specs` read the shape a call's array has. Where NumPy
+    has no such dtype (a PRNG key), an empty `jax.Array` of its dtype and rank;
+    kept as it is where JAX makes no such array either. Remembered in `shapes`."""
     if not isinstance(x, jax.ShapeDtypeStruct):
         return x
     try:
-        stand_in = jax.numpy.zeros((0,) * len(x.shape), x.dtype)
+        stand_in = np.broadcast_to(np.zeros((), x.dtype), tuple(x.shape))
     except Exception:
-        return x
+        try:
+            stand_in = jax.numpy.zeros((0,) * len(x.shape), x.dtype)
+        except Exception:
+            return x
     shapes[id(stand_in)] = x
     return stand_in
 
@@ -204,17 +249,19 @@ class Traced:
             specs = self._wrapper._boundary.resolver.specs
             positional = list(getattr(specs, "positional", ()))
             return exported_lowering(lowered, self._split, self._wrapper.name, positional, self._entry.out_form)
-        return Lowered(lowered, self._wrapper, self._entry)
+        split = self._split
+        return Lowered(lowered, self._wrapper, self._entry, None if split is None else (split.statics, split.pattern))
 
 
 class Lowered:
     """A lowered call: `.as_text()`, `.cost_analysis()`, `.compile()`, and JAX's own
     lowered object as `.lowered`."""
 
-    def __init__(self, lowered, wrapper, entry):
+    def __init__(self, lowered, wrapper, entry, signature=None):
         self.lowered = lowered
         self._wrapper = wrapper
         self._entry = entry
+        self._signature = signature  # (static leaves, sharing pattern) it was lowered for, to say what differs
 
     def as_text(self, *args, **kwargs) -> str:
         return self.lowered.as_text(*args, **kwargs)
@@ -223,7 +270,7 @@ class Lowered:
         return self.lowered.cost_analysis()
 
     def compile(self, *args, **kwargs) -> "Compiled":
-        return Compiled(self.lowered.compile(*args, **kwargs), self._wrapper, self._entry)
+        return Compiled(self.lowered.compile(*args, **kwargs), self._wrapper, self._entry, self._signature)
 
 
 class Compiled:
@@ -231,10 +278,11 @@ class Compiled:
     `.as_text()`, `.cost_analysis()`, `.memory_analysis()`, and JAX's own compiled
     object as `.compiled`."""
 
-    def __init__(self, compiled, wrapper, entry):
+    def __init__(self, compiled, wrapper, entry, signature=None):
         self.compiled = compiled
         self._wrapper = wrapper
         self._entry = entry
+        self._signature = signature  # see `Lowered`
 
     def as_text(self) -> str:
         return self.compiled.as_text()
@@ -249,6 +297,8 @@ class Compiled:
         wrapper = self._wrapper
         entry, dynamic, split = wrapper._boundary.prepare(wrapper._fun, args, kwargs, wrapper._build)
         if entry is not self._entry:
+            if self._signature is not None:  # the first path that differs, and how
+                raise lowered_for_other_arguments(self._entry.plan, *self._signature, split)
             raise ValueError(
                 "this compiled function was lowered for arguments with another tree "
                 "structure, other static values or another sharing pattern; call "

@@ -4,8 +4,14 @@ Each factory (`filter_jit`, ...) lists its keyword options in its signature
 (for readers and type checkers) and builds one `Options` from them; everything
 else comes from the dataclass: the option check (`check_options`, when it is
 made), the decorator form (`wrap` with no function), the wrapper's equality and
-hash (`key`), what a pickled wrapper carries and what `Wrapper.replace` and
-`Wrapper.options` give (`kwargs`).
+hash (`key`), the key of the compile state equal wrappers share
+(`compile_key`: `key` without the options that only decide how a call is
+dispatched, `call_only`), what a pickled wrapper carries and what
+`Wrapper.replace` and `Wrapper.options` give (`kwargs`).
+
+An option several transforms take is declared once, on a base they share:
+`InFlightOptions`, `max_in_flight` (`filter_jit`, `filter_pmap`,
+`filter_shard_map`; `in_flight.py` says what it does).
 """
 
 from __future__ import annotations
@@ -19,8 +25,9 @@ from typing import Any, ClassVar
 import jax
 
 from .._core.errors import owned_option_error, unknown_option_error
+from .in_flight import check_max_in_flight
 
-__all__ = ["Options", "freeze", "check_options"]
+__all__ = ["Options", "InFlightOptions", "freeze", "check_options"]
 
 
 def freeze(tree: Any) -> Any:
@@ -58,14 +65,17 @@ class Options:
     None where none are taken) and `owned` (JAX keywords filtx sets itself), and
     declares its options as fields with the factory's defaults. `extra` holds
     the keywords passed through. Equal options make equal wrappers of equal
-    functions, which share their compile state."""
+    functions; options whose `compile_key`s are equal (equal but for the
+    options named in `call_only`) share their compile state."""
 
     transform: ClassVar[str] = "transform"
     passthrough: ClassVar[Callable | None] = None
     owned: ClassVar[tuple[str, ...]] = ()
+    call_only: ClassVar[tuple[str, ...]] = ()  # options that change how a call is dispatched, never what is compiled
 
     extra: dict = dataclasses.field(default_factory=dict, kw_only=True)
     key: Any = dataclasses.field(init=False, repr=False)
+    compile_key: Any = dataclasses.field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         own = ["fun", *self.names()]
@@ -79,6 +89,8 @@ class Options:
         self.check()
         items = tuple((name, freeze(value)) for name, value in self.kwargs().items())
         object.__setattr__(self, "key", (type(self), items))
+        compiled = tuple(item for item in items if item[0] not in self.call_only) if self.call_only else items
+        object.__setattr__(self, "compile_key", (type(self), compiled))
 
     def check(self) -> None:
         """A subclass's own checks of its values, when it is made (and what it
@@ -91,8 +103,10 @@ class Options:
 
     @classmethod
     def names(cls) -> list[str]:
-        """The options' names, in the factory's order, `extra` left out."""
-        return [f.name for f in dataclasses.fields(cls) if f.init and f.name != "extra"]
+        """The options' names, in the factory's order (a shared base's
+        keyword-only options last), `extra` left out."""
+        fields = [f for f in dataclasses.fields(cls) if f.init and f.name != "extra"]
+        return [f.name for f in fields if not f.kw_only] + [f.name for f in fields if f.kw_only]
 
     def kwargs(self) -> dict:
         """The options as the factory's keywords: `factory(fun, **options.kwargs())`
@@ -131,3 +145,20 @@ class Options:
         for name, value in state.items():
             object.__setattr__(self, name, value)
         self._settle()
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class InFlightOptions(Options):
+    """The base of the options of a transform whose eager calls dispatch
+    compiled code (`filter_jit`, `filter_pmap`, `filter_shard_map`):
+    `max_in_flight`, how many earlier calls may still be running when a call is
+    dispatched (`in_flight.py`), checked here once. It is `call_only`: wrappers
+    that differ only in it share their compile state."""
+
+    call_only: ClassVar[tuple[str, ...]] = ("max_in_flight",)
+
+    max_in_flight: int | None = dataclasses.field(default=None, kw_only=True)
+
+    def _settle(self) -> None:
+        check_max_in_flight(self.max_in_flight, self.transform)
+        super()._settle()

@@ -24,10 +24,11 @@ from typing import Any, Callable
 
 import jax
 import numpy as np
-from jax.sharding import NamedSharding
+from jax.sharding import NamedSharding, PartitionSpec
 
 from .._base.jax_compat import is_committed, top_level
 from .._core.outputs import flattened
+from .._core.reductions import call_checking_reductions
 from .._core.roles import is_ref
 from .sharding import axis_kinds, entries, place
 
@@ -68,6 +69,8 @@ class PerShard:
             mapped = jax.shard_map(
                 fun, mesh=mesh, in_specs=in_specs, out_specs=out_specs, axis_names=axis_names, check_vma=check_vma
             )
+            if check_vma:  # typed: a reduction of an invariant value is seen, and said
+                return flattened(*call_checking_reductions(mapped, xs))
             return flattened(*mapped(*xs))
 
         self.outer = outer
@@ -154,6 +157,65 @@ def _same_sharding(x: Any, sharding: Any) -> bool:
         return have.is_equivalent_to(sharding, x.ndim)
     except Exception:
         return False
+
+
+def spec_problem(spec: Any, mesh: Any, shape: tuple | None = None, manual: frozenset = frozenset()) -> str | None:
+    """What `jax.shard_map` would refuse in `spec` over `mesh` for a value of
+    `shape` (None: the shape is not read), as the end of a sentence naming the
+    spec ("... gives it P('x'), which names the axis 'x', which the mesh does
+    not have"), or None where it takes it: an axis the mesh lacks, an axis named
+    twice, an axis outside `manual` (shard_map's `axis_names`, where given),
+    `P.UNCONSTRAINED`, more entries than the value has dimensions, or mesh axes
+    whose sizes do not divide a dimension. For the error path and trace time
+    only (never per call)."""
+    sizes, names = dict(mesh.shape), tuple(mesh.axis_names)
+    have = f"(the mesh's axes are {', '.join(f'{n!r} of size {sizes[n]}' for n in names)})"
+    seen: set = set()
+    parts = entries(spec)
+    for entry in parts:
+        if entry is PartitionSpec.UNCONSTRAINED:
+            return (
+                "which has an UNCONSTRAINED dimension: a shard_map spec says exactly how the value is split. "
+                "Give that dimension a mesh axis, or None to keep it whole"
+            )
+        for name in entry if isinstance(entry, tuple) else (entry,):
+            if name is None:
+                continue
+            if name not in sizes:
+                return (
+                    f"which names the axis {name!r}, which the mesh does not have {have}. Name one of the "
+                    f"mesh's axes, or run on a mesh that has {name!r} (mesh=, or `jax.set_mesh`)"
+                )
+            if name in seen:
+                return (
+                    f"which names the axis {name!r} twice: a mesh axis splits at most one dimension. Name it "
+                    f"once (several axes on one dimension are written as a tuple: P(('a', 'b')))"
+                )
+            if manual and name not in manual:
+                listed = ", ".join(map(repr, sorted(manual)))
+                return (
+                    f"which names the axis {name!r}, which is not among axis_names ({listed}): the function "
+                    f"sees only those axes split. Add {name!r} to axis_names, or leave it out of the spec"
+                )
+            seen.add(name)
+    if shape is None:
+        return None
+    if len(parts) > len(shape):
+        return (
+            f"which has {len(parts)} entries, but the value has {len(shape)} dimension(s). Give it a spec of at most "
+            f"{len(shape)} entries (P() replicates it)"
+        )
+    for dim, entry in enumerate(parts):
+        group = [n for n in (entry if isinstance(entry, tuple) else (entry,)) if n is not None]
+        count = int(np.prod([sizes[n] for n in group])) if group else 1
+        if shape[dim] % count:
+            over = " x ".join(f"{n!r} ({sizes[n]})" for n in group)
+            return (
+                f"which splits dimension {dim} (of size {shape[dim]}) into {count} shards over {over}, and {count} "
+                f"does not divide {shape[dim]}. Make that dimension a multiple of {count} (pad it), or split it "
+                f"over axes whose sizes divide it, or give it None"
+            )
+    return None
 
 
 def per_shard_shape(aval: Any, spec: Any, mesh: Any, drop: int | None = None) -> jax.ShapeDtypeStruct:

@@ -33,6 +33,7 @@ from .lowering import AheadOfTime, lowering
 from .._core.out_specs import OutAxes, config_key
 from .._core.outputs import pack_outputs, unpack
 from .per_shard import PerShard, manual_view
+from .sharding import shape_sharding, unsharded
 from .._core.placement import AXES
 from .._core.prefix import broadcast_prefix
 from .._core.resolve import LeafResolver
@@ -40,8 +41,7 @@ from .._core.roles import DonateMode, if_array, is_ref, parse_mode
 from .._core.share import unique_donation
 from .typing import Pmapped
 from .._core.varying import check_unmapped_outputs
-from .in_flight import check_max_in_flight
-from .options import Options
+from .options import InFlightOptions
 from .wrapper import Wrapper, call_error, fun_donates
 
 __all__ = ["filter_pmap"]
@@ -56,7 +56,7 @@ def _spec(name: Any, axis: int | None) -> PartitionSpec:
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class PmapOptions(Options):
+class PmapOptions(InFlightOptions):
     """`filter_pmap`'s options (its docstring says what each means); it passes
     no keywords through."""
 
@@ -73,12 +73,10 @@ class PmapOptions(Options):
     devices: Any = None
     backend: str | None = None
     reuse_outputs: bool = True
-    max_in_flight: int | None = None
     mode: Any = dataclasses.field(init=False, repr=False)  # `donate`, parsed
 
     def check(self) -> None:
         self.derive("mode", parse_mode(self.donate))
-        check_max_in_flight(self.max_in_flight, self.transform)
 
 
 class _PmapWrapper(AheadOfTime, Wrapper):
@@ -108,6 +106,12 @@ class _PmapWrapper(AheadOfTime, Wrapper):
             return super()._recover(e, dynamic, split, entry)
         except Exception as error:
             raise call_error(error, (ValueError, IndexError, TypeError), lambda _: self._size_error(split, dynamic))
+
+    def _placed_shapes(self, entry: Entry, split: Split, dynamic: list) -> list:
+        """`AheadOfTime._placed_shapes`: a call moves a committed array where its
+        mapped axis goes (as `jax.pmap` does), so a shape is taken without its
+        sharding, placed as an uncommitted array is."""
+        return [unsharded(x) if shape_sharding(x) is not None else x for x in dynamic]
 
     def _build(self, split: Split) -> Entry:
         plan, pattern = split.plan, split.pattern

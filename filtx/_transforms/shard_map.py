@@ -5,11 +5,16 @@ models; callable out specs are resolved on the traced per-shard output once per
 signature. Calls run as `jax.jit(jax.shard_map(...))` (see `_transforms.per_shard`): at the
 top level, uncommitted inputs are placed as `in_specs` say; a committed one
 placed otherwise is moved on Auto axes (as `jax.shard_map` moves it) and is an
-error naming its path where its placement or its spec names an Explicit axis."""
+error naming its path where its placement or its spec names an Explicit axis.
+A spec `jax.shard_map` refuses (an axis the mesh lacks, one that does not
+divide its value...) is an error naming the argument's path, or its place in
+`out_specs`: read from the mesh and the shapes on the error path and at trace
+time (`per_shard.spec_problem`), never per call."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar, overload
 
@@ -24,14 +29,17 @@ from .lowering import AheadOfTime, lowering
 from .mapped import traced_numbers_as_arrays
 from .._core.out_specs import OutAxes, config_key, resolve_by_evaluation
 from .._core.outputs import unpack
-from .per_shard import PerShard, per_shard_shape
+from .per_shard import PerShard, per_shard_shape, spec_problem
 from .._core.resolve import LeafResolver
 from .._base.indexing import first_positions
 from .._core.roles import MODES, is_ref, static
-from .sharding import OUT_SPECS, SPECS, ambient_concrete_mesh, ambient_mesh, check_mesh, inferred_spec, misplaced_error
+from .._core.errors import describe
+from .sharding import (
+    OUT_SPECS, SPECS, ambient_concrete_mesh, ambient_mesh, check_mesh, entries, inferred_spec, misplaced_error, show,
+    misplaced_shape_error, same_placement, shape_sharding, unsharded,
+)
 from .typing import Jitted
-from .in_flight import check_max_in_flight
-from .options import Options
+from .options import InFlightOptions
 from .wrapper import Wrapper
 
 __all__ = ["filter_shard_map"]
@@ -69,12 +77,23 @@ class _ShardMapEntry(Entry):
         self.runs: dict = {}
         run = sharding.run
         self.call = self.compiled = lambda *xs: run(self)(*traced_numbers_as_arrays(list(xs)))
-        self.lower = lowering(lambda *xs: run(self).lower(*traced_numbers_as_arrays(list(xs))))
-        self.trace = lowering(lambda *xs: run(self).trace(*traced_numbers_as_arrays(list(xs))))
+        self.lower = lowering(lambda *xs: run(self).lower(*_abstract_or_arrays(xs)))
+        self.trace = lowering(lambda *xs: run(self).trace(*_abstract_or_arrays(xs)))
+
+
+def _abstract_or_arrays(xs: tuple) -> list:
+    """The inputs of `.lower` or `.trace`: a `jax.ShapeDtypeStruct` as it is (JAX
+    places one without a sharding as `in_specs` says, as a call places an
+    uncommitted array), traced numbers as arrays."""
+    shapes = {i: x for i, x in enumerate(xs) if isinstance(x, jax.ShapeDtypeStruct)}
+    if not shapes:
+        return traced_numbers_as_arrays(list(xs))
+    rest = traced_numbers_as_arrays([x for i, x in enumerate(xs) if i not in shapes])[::-1]
+    return [shapes[i] if i in shapes else rest.pop() for i in range(len(xs))]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class ShardMapOptions(Options):
+class ShardMapOptions(InFlightOptions):
     """`filter_shard_map`'s options (its docstring says what each means); it
     passes no keywords through."""
 
@@ -88,11 +107,9 @@ class ShardMapOptions(Options):
     specs: Any = None
     share: bool = False
     reuse_outputs: bool = True
-    max_in_flight: int | None = None
 
     def check(self) -> None:
         check_mesh(self.mesh, self.transform)
-        check_max_in_flight(self.max_in_flight, self.transform)
 
 
 class _ShardMapWrapper(AheadOfTime, Wrapper):
@@ -116,7 +133,12 @@ class _ShardMapWrapper(AheadOfTime, Wrapper):
         """A call JAX refused for an input placed elsewhere than its spec: on Auto
         axes the input is moved, as `jax.shard_map` moves it, and the call made
         again; else the error names its path. Then `Wrapper._recover`, with
-        the out specs named as the user wrote them."""
+        the out specs named as the user wrote them. First of all, an in spec
+        that `jax.shard_map` refuses (an axis the mesh lacks, a spec that does
+        not divide its value...) is said by the path of its argument."""
+        refused = self._sharding.in_spec_error(entry, dynamic, split)
+        if refused is not None:
+            raise refused from None
         if isinstance(e, ValueError) and top_level():
             run = self._sharding.run(entry)
             dynamic = traced_numbers_as_arrays(dynamic)
@@ -133,6 +155,35 @@ class _ShardMapWrapper(AheadOfTime, Wrapper):
         except ValueError as error:
             _user_out_specs(error)
             raise
+
+    def _placed_shapes(self, entry: Entry, split: Split, dynamic: list) -> list:
+        """`AheadOfTime._placed_shapes`: as an eager call takes a committed array
+        placed otherwise than its spec, a shape carrying such a sharding is taken
+        without it where the call moves the array (on Auto axes, the same
+        devices), and is an error naming its path where the call refuses it."""
+        run = self._sharding.run(entry)
+        if run.shardings is None:
+            return dynamic
+        out, refused = list(dynamic), []
+        for i, (x, target) in enumerate(zip(dynamic, run.shardings)):
+            have = shape_sharding(x)
+            if have is None or target is None or same_placement(have, target, len(x.shape)):
+                continue
+            if run.movable(x, i):
+                out[i] = unsharded(x)
+            else:
+                refused.append(i)
+        if refused:
+            targets = tuple(s if i in refused else None for i, s in enumerate(run.shardings))
+            paths = lambda: unique_paths(split.root, split.plan, split.pattern)  # noqa: E731
+            raise misplaced_shape_error(paths, dynamic, targets, None, "in_specs")
+        return out
+
+    def _explain_stage_failure(self, e: Exception, dynamic: list, split: Split, entry: Entry) -> None:
+        """`.trace`/`.lower` refused: an in spec `jax.shard_map` refuses, by path."""
+        refused = self._sharding.in_spec_error(entry, dynamic, split)
+        if refused is not None:
+            raise refused from None
 
     def _build(self, split: Split) -> Entry:
         sharding, share = self._sharding, self._share
@@ -178,10 +229,35 @@ class _Sharding:
             else:
                 key = (tuple(map(jax.typeof, xs)), config_key(), mesh)
                 tree, flat = entry.resolved.get_or_build(key, lambda: self.evaluate_out_specs(entry, xs, specs, mesh))
-            return flat, specs, (tree, _REPLICATED)
+            self.check_out_specs(tree, mesh)  # at trace time: once per signature
+            return _with_out_ranks_checked(flat, tree), specs, (tree, _REPLICATED)
 
         run = entry.runs[mesh] = PerShard(inner, mesh, entry.placed, self.axis_names, self.check_vma)
         return run
+
+    def in_spec_error(self, entry, dynamic: list, split: Split) -> ValueError | None:
+        """On the error path: the first input whose in spec `jax.shard_map` refuses
+        on this call's mesh (see `spec_problem`), said by its path, or None."""
+        mesh = self.mesh or ambient_concrete_mesh() or ambient_mesh()
+        if mesh is None:
+            return None
+        for i, (x, spec) in enumerate(zip(dynamic, entry.specs)):
+            if spec is None:  # inferred from the value's type: always taken
+                continue
+            problem = spec_problem(spec, mesh, _shape(x), self.axis_names)
+            if problem is not None:
+                path = unique_paths(split.root, split.plan, split.pattern)[i]
+                return ValueError(f"{path} ({_described(x)}): in_specs gives it {show(spec)}, {problem}.")
+        return None
+
+    def check_out_specs(self, tree: Any, mesh: Any) -> None:
+        """At trace time: refuse, by its place in `out_specs`, a spec `jax.shard_map`
+        refuses whatever the output (an axis the mesh lacks, one named twice...)."""
+        for path, spec in jax.tree_util.tree_flatten_with_path(tree, is_leaf=_is_spec)[0]:
+            if isinstance(spec, PartitionSpec):
+                problem = spec_problem(spec, mesh, None, self.axis_names)
+                if problem is not None:
+                    raise ValueError(f"out_specs{jax.tree_util.keystr(path)} is {show(spec)}, {problem}.")
 
     def evaluate_out_specs(self, entry, xs: tuple, specs: tuple, mesh) -> Any:
         """Trace the per-shard function once, with the mesh's axes bound, and answer
@@ -194,6 +270,58 @@ class _Sharding:
 
         tree = _replicated_where_unset(resolve_by_evaluation(self.out_specs, evaluate))
         return tree, entry.make_flat(tree)
+
+
+def _is_spec(x: Any) -> bool:
+    return x is None or isinstance(x, PartitionSpec)
+
+
+def _shape(x: Any) -> tuple | None:
+    """The shape of an input (a Python number traced as an array has none of its own)."""
+    shape = getattr(x, "shape", None)
+    return tuple(shape) if shape is not None else () if isinstance(x, (bool, int, float, complex)) else None
+
+
+def _described(x: Any) -> str:
+    """An input as a message shows it: `ArrayImpl float32[6, 3]`, `traced float32[6, 3]`."""
+    if isinstance(x, jax.core.Tracer):
+        return f"traced {x.dtype}{list(x.shape)}"
+    return describe(x)
+
+
+def _with_out_ranks_checked(flat: Callable, tree: Any) -> Callable:
+    """`flat`, refusing at trace time an out spec with more entries than the output it
+    is given to has dimensions, by the output's path (JAX names its flat outputs)."""
+
+    @functools.wraps(flat)
+    def checked(*xs):
+        out = flat(*xs)
+        found: list = []
+
+        def check(spec_path, spec, sub):
+            if isinstance(spec, PartitionSpec) and not found:
+                for path, leaf in jax.tree_util.tree_flatten_with_path(sub)[0]:
+                    ndim = getattr(leaf, "ndim", None)
+                    if ndim is not None and len(entries(spec)) > ndim:
+                        found.append((spec_path, spec, path, leaf))
+                        return
+
+        try:
+            jax.tree_util.tree_map_with_path(check, tree, out[0], is_leaf=_is_spec)
+        except ValueError:  # not a prefix of the output: JAX says so, naming out_specs
+            return out
+        if found:
+            spec_path, spec, path, leaf = found[0]
+            n, ndim = len(entries(spec)), leaf.ndim
+            raise ValueError(
+                f"out{jax.tree_util.keystr(tuple(spec_path) + tuple(path))} (per shard "
+                f"{leaf.dtype}{list(leaf.shape)}): out_specs{jax.tree_util.keystr(tuple(spec_path))} gives it "
+                f"{show(spec)}, which has {n} entries, but the output has {ndim} dimension(s). Give it a spec of "
+                f"at most {ndim} entries (P() for a value the same on every shard)."
+            )
+        return out
+
+    return checked
 
 
 def _replicated_where_unset(tree: Any) -> Any:

@@ -320,6 +320,79 @@ def misplaced_error(paths: list, leaves: list, targets: tuple, mesh: Any, what: 
     return None
 
 
+# ---------------------------------------------------------------------------
+# An abstract argument (`jax.ShapeDtypeStruct`) that carries a sharding
+
+
+def unsharded(shape: Any) -> Any:
+    """`shape` (a `jax.ShapeDtypeStruct`) without its sharding: what stands for an
+    uncommitted array, placed where the call places one."""
+    return jax.ShapeDtypeStruct(shape.shape, shape.dtype, weak_type=getattr(shape, "weak_type", False))
+
+
+def shape_sharding(x: Any) -> Any:
+    """The sharding a `jax.ShapeDtypeStruct` carries, or None (for anything else too)."""
+    return getattr(x, "sharding", None) if isinstance(x, jax.ShapeDtypeStruct) else None
+
+
+def same_placement(have: Any, wanted: Any, ndim: int) -> bool:
+    """Whether two shardings place an array of rank `ndim` alike (devices included)."""
+    if have == wanted:
+        return True
+    try:
+        return bool(have.is_equivalent_to(wanted, ndim))
+    except Exception:
+        return False
+
+
+def misplaced_shape_error(paths: Callable, shapes: list, targets: tuple, mesh: Any, what: str) -> ValueError | None:
+    """The error for the first `jax.ShapeDtypeStruct` among `shapes` (one per
+    unique dynamic value; other values are skipped) whose sharding is not where
+    the call takes it: not the one `targets` asks for (a PartitionSpec, read
+    against `mesh`, or a Sharding; None: anywhere), or, where `targets` says
+    nothing, on devices other than `mesh`'s (a call with an array placed so is
+    refused, or moves it where the compiled program takes it). The error names
+    the path (`paths()`, only computed when raising) and says what to do. None
+    when every shape fits."""
+    for i, x in enumerate(shapes):
+        have = shape_sharding(x)
+        if have is None:
+            continue
+        target = targets[i] if targets is not None else None
+        if isinstance(target, PartitionSpec):
+            target = NamedSharding(mesh, target) if mesh is not None else None
+        if target is not None:
+            if same_placement(have, target, len(x.shape)):
+                continue
+            if have.device_set != target.device_set:
+                problem = (
+                    f"which is on other devices ({_ids(have)}) than the mesh {what} places it on "
+                    f"({describe_sharding(target)}, devices {_ids(target)})"
+                )
+            else:
+                problem = f"but {what} asks for {describe_sharding(target)} (a call refuses an array placed so)"
+            fix = f"`sharding={_constructor(target)}`"
+        elif mesh is not None and isinstance(mesh, jax.sharding.Mesh):
+            if have.device_set == set(mesh.devices.flat):
+                continue
+            problem = f"which is on other devices ({_ids(have)}) than the mesh the call runs on ({_ids(mesh)})"
+            fix = "a sharding on that mesh"
+        else:
+            continue
+        return ValueError(
+            f"{paths()[i]} ({describe(x)}) carries the sharding {describe_sharding(have)}, {problem}. "
+            f"Give the shape {fix}, or leave its sharding out: a shape without one stands for an "
+            f"uncommitted array, placed where the call places it."
+        )
+    return None
+
+
+def _ids(where: Any) -> str:
+    """The ids of a sharding's (or a mesh's) devices, as `4, 5, 6, 7`."""
+    devices = where.devices.flat if isinstance(where, jax.sharding.Mesh) else where.device_set
+    return ", ".join(str(d.id) for d in sorted(devices, key=lambda d: d.id))
+
+
 def describe_sharding(sharding: Any) -> str:
     """`P('data') on mesh ('data': 8, Explicit)`, or the sharding's own text."""
     if isinstance(sharding, NamedSharding):

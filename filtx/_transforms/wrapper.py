@@ -17,10 +17,10 @@ from .._base.jax_compat import aliased_ref_refused, deleted_array_refused
 from .._core.boundary import Split, unique_paths
 from .._core.entry import Entry
 from .._core.caches import code_owner, is_table_attribute, shared_by_code
-from .._core.errors import aliased_ref_error, deleted_array_error, rename_dynamic
+from .._core.errors import DeletedInput, aliased_ref_error, deleted_array_error, rename_dynamic
 from .._core.eqx_errors import equinox_runtime_error, without_filtx_frames
 from .._fastpath.reuse import SWITCH as reuse_switch
-from .in_flight import InFlight
+from .in_flight import in_flight_of
 from .options import Options
 from .pickling import reduce_bound, reduce_wrapper
 from .._core.roles import is_ref
@@ -71,8 +71,8 @@ class Wrapper:
         self._given = fun
         self._given_type = type(fun)  # what a pickled wrapper gives its factory back (see _pickling)
         self._options = options
-        limit = getattr(options, "max_in_flight", None)
-        self._in_flight = None if limit is None else self._shared(lambda: InFlight(limit), "in flight")
+        self._max_in_flight = getattr(options, "max_in_flight", None)
+        self._in_flight = None  # the record of calls in flight, where bounded: set with the boundary (`_shared`)
         for attribute in ("__module__", "__name__", "__qualname__", "__doc__", "__annotations__", "__type_params__"):
             try:
                 value = getattr(fun, attribute)
@@ -85,17 +85,23 @@ class Wrapper:
 
     def _shared(self, make: Callable[[], Any], part: str = "boundary") -> Any:
         """The compile state for this wrapper: shared with every wrapper whose
-        function has the same code, signature, own structure, and options.
-        `part` names which piece of it (the boundary, the calls in flight)."""
+        function has the same code, signature, own structure, and options
+        (those that decide what is compiled: `Options.compile_key`, without
+        `max_in_flight`). `part` names which piece of it (the boundary). With
+        the boundary, a wrapper with `max_in_flight` takes the record of calls
+        in flight kept beside it (`in_flight.in_flight_of`)."""
         fun = self._given
         key = (
             self.transform,
-            self._options,
+            self._options.compile_key,
             signature_key(fun),
             fun_donates(fun),
             type(fun) if not isinstance(fun, (types.FunctionType, types.MethodType, functools.partial)) else None,
         ) + ((part,) if part != "boundary" else ())
-        return shared_by_code(fun, key, make)
+        state = shared_by_code(fun, key, make)
+        if part == "boundary" and self._max_in_flight is not None:
+            self._in_flight = in_flight_of(state)
+        return state
 
     @property
     def __wrapped__(self) -> Callable:
@@ -190,7 +196,8 @@ class Wrapper:
         entry, dynamic, split = boundary.prepare(self._fun, args, kwargs, self._build, False, reuse)
         in_flight = self._in_flight  # `max_in_flight`: None unless set
         if in_flight is not None:
-            in_flight.before()
+            out = self._bounded(in_flight, entry, dynamic, split)
+            return boundary.finish(out, reuse, split, entry.out_form)
         try:  # free on success (zero-cost try)
             out = entry.call(*dynamic)
         except Exception as e:
@@ -199,9 +206,24 @@ class Wrapper:
             except RuntimeError as error:
                 without_filtx_frames(error)
                 raise
-        if in_flight is not None:
-            in_flight.after(out if type(out) is list else out[0])
         return boundary.finish(out, reuse, split, entry.out_form)
+
+    def _bounded(self, in_flight: Any, entry: Entry, dynamic: list, split: Split) -> Any:
+        """`__call__`'s dispatch under `max_in_flight` (`_transforms/in_flight.py`):
+        under the record's lock, wait until at most `max_in_flight` earlier calls
+        are unfinished, dispatch, and dispatch the call's token."""
+        with in_flight.lock:
+            in_flight.wait(self._max_in_flight)
+            try:
+                out = entry.call(*dynamic)
+            except Exception as e:
+                try:
+                    out = self._recover(e, dynamic, split, entry)
+                except RuntimeError as error:
+                    without_filtx_frames(error)
+                    raise
+            in_flight.record(out if type(out) is list else out[0], entry, dynamic)
+        return out
 
     def _build(self, split: Split) -> Entry:
         """The entry for a new signature: its `call(*unique_dynamic)` returns what
@@ -224,16 +246,21 @@ class Wrapper:
         still answer some failures (`filter_jit`: a call JAX refused for
         aliasing) overrides it and calls this for the rest.
 
-        A deleted array is named by path where JAX refuses it (JAX 0.7 to 0.12
-        refuse one cleanly; a donating call over several devices refused its
-        deleted arrays before: see `Boundary._donation_split`)."""
+        A deleted array is named by path, as the only message: a donating call
+        refuses one before dispatch where its first donated input is deleted
+        (`Entry._refuse_deleted`: JAX 0.10's runtime logs a line of its own
+        before refusing it), and a donating call over several devices refused
+        its deleted arrays before (see `Boundary._donation_split`); elsewhere
+        JAX refuses it (JAX 0.7 cleanly; from 0.10 after XLA's log line)."""
         converted = equinox_runtime_error(e)
         if converted is not None:
             raise converted from None
-        if deleted_array_refused(e):
+        if isinstance(e, DeletedInput) or deleted_array_refused(e):
             converted = deleted_array_error(split.root)
             if converted is not None:
-                raise converted from e
+                raise converted from None  # one message: filtx's names every path
+            if isinstance(e, DeletedInput):  # (never: the deleted input is among the leaves)
+                return self._dispatch(entry.compiled, dynamic, split, entry)
         paths = unique_paths(split.root, split.plan, split.pattern)
         if aliased_ref_refused(e):
             converted = aliased_ref_error([(p, x) for p, x in zip(paths, dynamic) if is_ref(x)])
