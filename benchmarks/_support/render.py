@@ -4,8 +4,9 @@ written from (paths from the repository's root): `report`, the report's data
 files, merged in order (a suite run alone replaces that suite's groups);
 `compare_stability`, `[label, file]` pairs; `pytree_orders`, a file;
 `orders`, `[title, file]` pairs, a section each; `gpu_report`, a GPU run's
-lines. `report.py --render` writes the page from them; `report.py`,
-`probes/orders.py --report` and `probes/gpu_report.py --report` name their
+lines; `layouts`, the lines of `probes/layouts.py`. `report.py --render`
+writes the page from them; `report.py`, `probes/orders.py --report`,
+`probes/gpu_report.py --report` and `probes/layouts.py --report` name their
 file there first (`publish`). Each section names its file.
 """
 
@@ -67,6 +68,8 @@ def page(index: dict, root: str = ROOT, img: str | None = None) -> list[str]:
             lines += study_pages.orders_section(json.load(f), title, path)
     if index.get("gpu_report"):
         lines += study_pages.gpu_render(os.path.join(root, index["gpu_report"]), root, img)
+    if index.get("layouts"):
+        lines += study_pages.layouts_render(os.path.join(root, index["layouts"]), root)
     return lines + report_pages.REPRODUCING
 
 
