@@ -373,3 +373,38 @@ def test_a_comparison_row_gives_one_wrapper_per_copy_of_the_function():
     other = run.bind(fresh_tree(run.originals[0]))
     assert other is not first and other(jnp.full(3, 3.0)).tolist() == [3.0] * 3
     assert len(traces) == 1  # one compile state for the row
+
+
+def test_fed_back_keys_never_read_a_pending_output_that_no_ready_value_can_share():
+    # Reading a pending output's buffers waits until its call runs: a pipelined
+    # loop's next dispatch would wait. A ready value of the same shard size cannot
+    # stand on a pending output's buffers, so the output is keyed by id unread; a
+    # pending value of that size could, so then it is read.
+    n = jax.local_device_count()
+    mesh = jax.make_mesh((n,), ("d",), axis_types=(jax.sharding.AxisType.Explicit,))
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("d"))
+
+    @jax.jit
+    def slow(w):  # about a second over 8 devices on 2 cores: a chain of dependent 16 x 16 products per shard
+        m = jnp.eye(16) * 0.5
+        return jax.lax.fori_loop(0, 20_000, lambda i, b: jnp.tanh(b @ m), w)
+
+    start = jax.device_put(jnp.ones((16 * n, 16)) / 16, sharding)
+    fed = slow(start)  # an output of the last call, still running
+    batch = jax.device_put(jnp.zeros((16 * n, 16)), sharding)  # ready, and of the output's shard size
+    batch.block_until_ready()
+    reads = []
+    original = _buffers._buffer_key
+    _buffers._buffer_key = lambda x, *a: reads.append(x) or original(x, *a)
+    try:
+        keys, _ = _buffers.fed_back_keys([fed, batch], {id(fed)}, None)
+        assert not fed.is_ready(), "the slow step ended before the check: make it slower"
+        # Unread, or only its shards that ended already (a pending one's read would wait).
+        assert keys[0] == -id(fed) - 1 or (isinstance(keys[0], tuple) and len(keys[0]) < n)
+        assert len(reads) == 1 and reads[0] is batch
+        pending = slow(start)  # not ready either: it could stand on the output's buffers
+        keys, _ = _buffers.fed_back_keys([fed, pending], {id(fed)}, None)
+        assert any(x is fed for x in reads) and any(x is pending for x in reads)
+    finally:
+        _buffers._buffer_key = original
+        fed.block_until_ready()

@@ -101,7 +101,12 @@ def fed_back_keys(values: list, fresh: set, beside: tuple | None) -> tuple[list 
     No other array held their buffers when they were returned, so only an array
     made since from their shards can share one: they are keyed by id. The other
     values are read, and a fresh one too where its shards are of a byte size
-    one of theirs is. `beside` holds `(weak reference, key)` of other values
+    one of theirs is, unless it is still being computed and every other value
+    of that size is ready: arrays over one buffer are ready together, so none
+    of those stands on it. (Reading a pending output's buffers waits until its
+    call starts running, which a pipelined loop's next dispatch must not do:
+    an FSDP step whose batch shards had its weights' size read 1.14x its floor.)
+    `beside` holds `(weak reference, key)` of other values
     already read at a call before the one that returned the fresh values (so
     made before them, sharing none of their buffers; an array's buffers never
     change): where every other value is one of them, nothing is read at all.
@@ -130,16 +135,63 @@ def fed_back_keys(values: list, fresh: set, beside: tuple | None) -> tuple[list 
     read = iter(read_keys)
     if sizes:
         sizes.add(None)  # a size that cannot be told: read its shards
-    keys = [
-        (_buffer_key(x) if sizes and _shard_bytes(x) in sizes else -id(x) - 1) if f else next(read)  # never an address
-        for x, f in zip(values, is_fresh)
-    ]
+        pending = _pending_sizes(others)  # asked before the fresh values: readiness only goes one way
+        keyed: dict = {}  # a value at two positions keyed once (its shards' readiness may change between)
+        for x, f in zip(values, is_fresh):
+            if f and id(x) not in keyed:
+                keyed[id(x)] = _fresh_key(x, sizes, pending)
+        keys = [keyed[id(x)] if f else next(read) for x, f in zip(values, is_fresh)]
+    else:
+        keys = [-id(x) - 1 if f else next(read) for x, f in zip(values, is_fresh)]  # never an address
     _check_partial_aliasing(keys)
     try:
         held = tuple(zip(map(weakref.ref, others), read_keys))
     except TypeError:  # a value that takes no weak reference (a NumPy scalar)
         held = None
     return keys, held
+
+
+def _pending_sizes(others: list) -> set:
+    """The shard byte sizes of the values among `others` that are not ready yet
+    (None among them where a size cannot be told, or readiness cannot be asked)."""
+    pending: set = set()
+    for x in others:
+        if type(x) is _ARRAY:
+            try:
+                if x.is_ready():
+                    continue
+            except Exception:  # deleted: a call refuses it, by path
+                pass
+            pending.add(_shard_bytes(x))
+        elif isinstance(x, jax.Array):
+            pending.add(None)
+    return pending
+
+
+def _fresh_key(x, sizes: set, pending: set) -> Any:
+    """A fresh value's key: its id (never an address: -id - 1) where no other
+    value can stand on its buffers; else what of it is read. The others' shard
+    sizes are `sizes` (`pending`: those of the ones not ready). An array over
+    one of its buffers has its shard size and is ready only once that buffer is:
+    where every other value of its size is ready, only its ready shards can be
+    shared, and only they are read (reading a pending one would wait for its
+    call to start); a key of some of its shards still meets any other value on
+    them (`_check_partial_aliasing`)."""
+    size = _shard_bytes(x)
+    if size not in sizes:
+        return -id(x) - 1
+    if size in pending or None in pending:
+        return _buffer_key(x)
+    try:
+        if x.is_ready():
+            return _buffer_key(x)
+        ready = [shard for shard in shards_of(x) if shard.is_ready()]
+    except Exception:
+        return _buffer_key(x)
+    return tuple(sorted(map(_buffer_pointer, ready))) if ready else -id(x) - 1
+
+
+_is_ready = methodcaller("is_ready")
 
 
 def _buffer_key(x, sizes: set | None = None) -> Any:
