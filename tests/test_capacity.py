@@ -1,6 +1,7 @@
 """filtx.compare_capacity: the largest size each donation mode fits under a
 memory limit, from compiles of abstract arguments, with a loop's peak there."""
 
+import functools
 import json
 import math
 
@@ -12,11 +13,14 @@ import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import filtx
-from filtx._tools.compare import capacity as _capacity, memory as _memory
+from filtx._tools.compare import capacity as _capacity, device_check as _device_check, memory as _memory
+from filtx._tools.compare import user_loop as _user_loop
 from filtx._tools.compare.search import largest_fitting
 from _helpers import FakeAllocator
 
 S = jax.ShapeDtypeStruct
+# The sizes XLA's figures give, with no headroom kept (the headroom's tests pass their own)
+compare_capacity = functools.partial(filtx.compare_capacity, headroom=0)
 W = 256  # the weight is W x W floats: 256 kB
 
 
@@ -45,7 +49,7 @@ def independent_loop_peak(mode, n, make_args=batch_axis, step=sgd, fed=lambda ar
 
 def test_each_mode_finds_the_largest_batch_to_the_resolution():
     limit = 16 * 2**20
-    capacity = filtx.compare_capacity(filtx.filter_jit(sgd), batch_axis, limit=limit)
+    capacity = compare_capacity(filtx.filter_jit(sgd), batch_axis, limit=limit)
     none, arrays = capacity.rows
     assert (none.mode, arrays.mode) == ("none", "arrays") and capacity.limit == limit
     for row in capacity.rows:
@@ -55,7 +59,7 @@ def test_each_mode_finds_the_largest_batch_to_the_resolution():
         assert independent_loop_peak(mode, math.ceil(row.n * 1.01)) > limit
         assert row.over <= math.ceil(row.n * 1.01) and row.over_peak_bytes > limit
         assert row.peak_bytes == row.step_bytes + row.in_flight_bytes
-        assert row.verified == "predicted only: the device reports no allocator statistics"
+        assert row.verified == "predicted only: on CPU, verify=True runs the loop in fresh processes"
         assert row.device_peak_bytes is None and 1 < row.probes <= 12 and row.tried
     for row in capacity.rows:  # a batch for the call in flight and one put ahead
         assert row.batch_bytes == row.n * W * 4 and row.setting == "max_in_flight=1"
@@ -68,7 +72,7 @@ def test_each_mode_finds_the_largest_batch_to_the_resolution():
     # a loop that waits for each call before the next, no batch put ahead, holds one step's figure;
     # two calls in flight, two more states and batches
     for ahead, prefetch in ((0, 0), (2, 1)):
-        (row,) = filtx.compare_capacity(
+        (row,) = compare_capacity(
             filtx.filter_jit(sgd), batch_axis, limit=limit, modes="none", ahead=ahead, prefetch=prefetch).rows
         assert row.in_flight_bytes == ahead * W * W * 4 + (ahead + prefetch) * row.batch_bytes
         assert row.peak_bytes == independent_loop_peak("none", row.n, ahead=ahead, prefetch=prefetch)
@@ -93,7 +97,7 @@ def test_a_models_width_under_filter_eval_shape_and_multiples():
         updates, opt_state = opt.update(grads, opt_state, eqx.filter(model, eqx.is_array))
         return eqx.apply_updates(model, updates), opt_state, loss
 
-    capacity = filtx.compare_capacity(adam, make_args, limit=8 * 2**20, multiple_of=8)
+    capacity = compare_capacity(adam, make_args, limit=8 * 2**20, multiple_of=8)
     none, arrays = capacity.rows
     assert none.n % 8 == 0 and arrays.n % 8 == 0
     assert none.peak_bytes <= capacity.limit < none.over_peak_bytes and none.over - none.n <= max(8, 0.01 * none.n + 8)
@@ -123,7 +127,7 @@ def test_sharded_and_pmap_steps_are_measured_per_device():
     def sharded(n):
         return (S((W, W), jnp.float32, sharding=whole), S((n, W), jnp.float32, sharding=split)), {}
 
-    capacity = filtx.compare_capacity(filtx.filter_jit(sgd), sharded, limit=8 * 2**20, multiple_of=8)
+    capacity = compare_capacity(filtx.filter_jit(sgd), sharded, limit=8 * 2**20, multiple_of=8)
     for row in capacity.rows:
         assert row.devices == 8 and row.peak_bytes <= 8 * 2**20
     none = capacity.rows[0]  # replicated: the whole weight on each device; the batch split
@@ -134,7 +138,7 @@ def test_sharded_and_pmap_steps_are_measured_per_device():
     def mapped(n):
         return (S((8, W, W), jnp.float32), S((8, n, W), jnp.float32)), {}
 
-    pmapped = filtx.compare_capacity(filtx.filter_pmap(sgd), mapped, limit=8 * 2**20)
+    pmapped = compare_capacity(filtx.filter_pmap(sgd), mapped, limit=8 * 2**20)
     none = pmapped.rows[0]
     assert none.devices == 8 and none.state_bytes == W * W * 4 and none.batch_bytes == none.n * W * 4
     assert none.peak_bytes <= 8 * 2**20 < none.over_peak_bytes
@@ -148,12 +152,13 @@ def test_verified_by_a_real_loop_where_the_device_reports_statistics(monkeypatch
     fake = FakeAllocator(limit=2**30)
     monkeypatch.setattr(_memory, "device_memory", fake)
     monkeypatch.setattr(_capacity, "device_memory", fake)
+    monkeypatch.setattr(_device_check, "device_memory", fake)
     w = jnp.ones((W, W))
 
     def make_args(n):
         return (w, S((n, W), jnp.float32)), {}
 
-    capacity = filtx.compare_capacity(filtx.filter_jit(sgd), make_args, limit=8 * 2**20, verify_steps=3)
+    capacity = compare_capacity(filtx.filter_jit(sgd), make_args, limit=8 * 2**20, verify_steps=3)
     assert capacity.limit_source == "limit="
     for row in capacity.rows:
         assert row.verified == "a 3-step loop, max_in_flight=1, batches put from host memory, 1 ahead", row.verified
@@ -161,7 +166,7 @@ def test_verified_by_a_real_loop_where_the_device_reports_statistics(monkeypatch
     assert not w.is_deleted()  # "arrays" donated a copy
     assert "device peak" in str(capacity)
     # without limit=, the device's own less the margin
-    default = filtx.compare_capacity(filtx.filter_jit(sgd), make_args, verify=False, modes="arrays")
+    default = compare_capacity(filtx.filter_jit(sgd), make_args, verify=False, modes="arrays")
     assert default.limit == int(2**30 * 0.95) and "bytes_limit" in default.limit_source
     assert default.rows[0].verified == "predicted only: verify=False"
 
@@ -169,33 +174,33 @@ def test_verified_by_a_real_loop_where_the_device_reports_statistics(monkeypatch
 def test_bad_input_is_a_clear_error_and_nothing_is_touched():
     step = filtx.filter_jit(sgd)
     with pytest.raises(ValueError, match=r"reports no memory limit; pass limit="):
-        filtx.compare_capacity(step, batch_axis)
+        compare_capacity(step, batch_axis)
     with pytest.raises(ValueError, match=r"make_args\(1\) raised ZeroDivisionError"):
-        filtx.compare_capacity(step, lambda n: 1 / 0, limit=2**24)
+        compare_capacity(step, lambda n: 1 / 0, limit=2**24)
     with pytest.raises(TypeError, match=r"returns \(args, kwargs\)"):
-        filtx.compare_capacity(step, lambda n: batch_axis(n)[0], limit=2**24)
+        compare_capacity(step, lambda n: batch_axis(n)[0], limit=2**24)
 
     def changes(n):
         return batch_axis(n) if n < 64 else ((S((W, W), jnp.float32), {"x": S((n, W), jnp.float32)}), {})
 
     with pytest.raises(ValueError, match=r"make_args\(\d+\) gives arguments of another structure than make_args\(1\): at \(args, kwargs\)\[0\]\[1\]"):
-        filtx.compare_capacity(step, changes, limit=2**24)
+        compare_capacity(step, changes, limit=2**24)
     with pytest.raises(ValueError, match=r"arguments alone take 64.\d\d MiB per device at n=1 \(the largest: args\[0\], 64.00 MiB\)"):
-        filtx.compare_capacity(step, lambda n: ((S((4096, 4096), jnp.float32), S((n, 4096), jnp.float32)), {}), limit=2**20)
+        compare_capacity(step, lambda n: ((S((4096, 4096), jnp.float32), S((n, 4096), jnp.float32)), {}), limit=2**20)
     with pytest.raises(ValueError, match="resolution"):
-        filtx.compare_capacity(step, batch_axis, limit=2**24, resolution=2)
+        compare_capacity(step, batch_axis, limit=2**24, resolution=2)
     # nothing fits at the smallest size: rows say so, with the figure
-    tight = filtx.compare_capacity(step, batch_axis, limit=W * W * 4 + 8 * 2**10)
+    tight = compare_capacity(step, batch_axis, limit=W * W * 4 + 8 * 2**10)
     none, arrays = tight.rows
     assert none.n is None and none.error.startswith("nothing fits: at n=1 a loop of this mode holds")
     assert arrays.error is None and arrays.n >= 1  # donating fits what not donating cannot
     with pytest.raises(ValueError, match="no mode"):
-        filtx.compare_capacity(step, batch_axis, limit=W * W * 4 + W * 4 + 1).best()
+        compare_capacity(step, batch_axis, limit=W * W * 4 + W * 4 + 1).best()
 
 
 def test_a_refused_mode_and_a_failed_compile_keep_their_rows():
     step = filtx.filter_jit(sgd)
-    capacity = filtx.compare_capacity(step, batch_axis, limit=2**23, modes=["none", "strict"])
+    capacity = compare_capacity(step, batch_axis, limit=2**23, modes=["none", "strict"])
     none, strict = capacity.rows
     assert none.n is not None and strict.n is None
     assert strict.error.startswith("the step failed to compile at n=1: ValueError: donate='strict'") and "args[1]" in strict.error
@@ -207,7 +212,7 @@ def test_a_refused_mode_and_a_failed_compile_keep_their_rows():
 
     # a compile that fails at some size (not for memory) ends the search; the row keeps the largest
     # size found to fit, and says why it stopped
-    capacity = filtx.compare_capacity(filtx.filter_jit(small_only), batch_axis, limit=2**24, modes="none")
+    capacity = compare_capacity(filtx.filter_jit(small_only), batch_axis, limit=2**24, modes="none")
     (row,) = capacity.rows
     assert row.error is None and 1 <= row.n <= 1000 and row.ratio == 1.0 and capacity.best() is row
     assert row.stopped.startswith("the step failed to compile at n=") and "no batch over 1000" in row.stopped
@@ -216,13 +221,13 @@ def test_a_refused_mode_and_a_failed_compile_keep_their_rows():
 
 def test_the_result_as_dicts_table_and_plot(tmp_path):
     pytest.importorskip("matplotlib")
-    capacity = filtx.compare_capacity(filtx.filter_jit(sgd), batch_axis, limit=2**23, multiple_of=8)
+    capacity = compare_capacity(filtx.filter_jit(sgd), batch_axis, limit=2**23, multiple_of=8)
     dicts = json.loads(json.dumps(capacity.as_dicts()))
     assert [d["mode"] for d in dicts] == ["none", "arrays"] and dicts[0]["limit"] == 2**23
     assert dicts[1]["n"] == capacity.rows[1].n and dicts[1]["tried"][0] == list(capacity.rows[1].tried[0])
     text = str(capacity)
     assert text.splitlines()[0] == "sgd: the largest n under 8.00 MiB (limit=), to 1%, multiples of 8"
-    assert "loop peak" in text and "fed back: args[0] <- out[0]" in text
+    assert "loop peak" in text and "  args[0]  fed back from out[0] (a state)" in text
     figure = capacity.plot(tmp_path / "capacity.png")
     assert (tmp_path / "capacity.png").stat().st_size > 0 and figure.axes[0].get_yscale() == "log"
 
@@ -245,7 +250,7 @@ def test_capacity_prints_binary_units_and_reprs_in_one_line():
 
     from filtx._tools.compare.result import format_bytes
 
-    capacity = filtx.compare_capacity(filtx.filter_jit(sgd), batch_axis, limit=4 * 2**20, multiple_of=8)
+    capacity = compare_capacity(filtx.filter_jit(sgd), batch_axis, limit=4 * 2**20, multiple_of=8)
     text = str(capacity)
     assert "under 4.00 MiB (limit=)" in text.splitlines()[0]
     assert not any(unit in text for unit in (" GB", " MB", " kB"))
@@ -260,8 +265,10 @@ def test_capacity_prints_binary_units_and_reprs_in_one_line():
     shown = repr(capacity)
     assert shown == f"CapacityComparison('sgd', under 4.00 MiB: none n={none.n}, arrays n={arrays.n})"
     assert _pretty(capacity) == str(capacity) and _pretty(capacity, cycle=True) == shown
-    everything = dataclasses.replace(arrays, over=None, over_peak_bytes=None)
-    assert repr(everything).endswith(", every size up to largest fits)")
+    everything = dataclasses.replace(arrays, over=None, over_peak_bytes=None, every_size_fits=True)
+    assert "every size fits up to largest" in repr(everything) and str(everything.n) not in repr(everything)
+    stopped = dataclasses.replace(arrays, over=None, over_peak_bytes=None, stopped="stopped after 3 compiles")
+    assert repr(stopped).endswith(", stopped: stopped after 3 compiles)") and "every size" not in repr(stopped)
     failed = dataclasses.replace(none, n=None, error="nothing fits: at n=1 a loop of this mode holds 4.25 MiB\nmore")
     assert repr(failed) == "CapacityRow(mode='none', n=None, nothing fits: at n=1 a loop of this mode holds 4.25 MiB...)"
     huge = "x" * 200
@@ -289,12 +296,12 @@ def test_per_device_bytes_come_from_the_compiled_steps_shardings(devices):
     mesh = _mesh(devices)
     # FSDP: the weight split by in_shardings, the arguments abstract and unplaced
     fsdp = filtx.filter_jit(sgd, in_shardings=(P("d"), P("d")), out_shardings=(P("d"), P()), mesh=mesh)
-    (row,) = filtx.compare_capacity(fsdp, batch_axis, limit=2**22, modes="none", multiple_of=devices).rows
+    (row,) = compare_capacity(fsdp, batch_axis, limit=2**22, modes="none", multiple_of=devices).rows
     _state_and_batch_are_the_arguments(row)
     assert row.state_bytes == W * W * 4 // devices  # not the whole weight on every device
     # data-parallel filter_jit over NamedSharding arguments
     whole, split = NamedSharding(mesh, P()), NamedSharding(mesh, P("d"))
-    (row,) = filtx.compare_capacity(
+    (row,) = compare_capacity(
         filtx.filter_jit(sgd), lambda n: ((S((W, W), jnp.float32, sharding=whole), S((n, W), jnp.float32, sharding=split)), {}),
         limit=2**22, modes="none", multiple_of=devices,
     ).rows
@@ -307,14 +314,14 @@ def test_per_device_bytes_come_from_the_compiled_steps_shardings(devices):
 
     pmapped = filtx.filter_pmap(synced, axis_name="d", in_axes=(None, 0), out_axes=(None, None),
                                 devices=jax.devices()[:devices])
-    (row,) = filtx.compare_capacity(
+    (row,) = compare_capacity(
         pmapped, lambda n: ((S((W, W), jnp.float32), S((devices, n, W), jnp.float32)), {}), limit=2**22, modes="none",
     ).rows
     _state_and_batch_are_the_arguments(row)
     assert row.state_bytes == W * W * 4 and row.batch_bytes == row.n * W * 4
     on_one = jnp.zeros((devices, W, W))
     assert len(on_one.sharding.device_set) == 1
-    (row,) = filtx.compare_capacity(
+    (row,) = compare_capacity(
         filtx.filter_pmap(sgd, devices=jax.devices()[:devices]),
         lambda n: ((on_one, S((devices, n, W), jnp.float32)), {}), limit=2**22, modes="none",
     ).rows
@@ -336,7 +343,7 @@ def test_the_search_flags_sizes_below_n_that_do_not_fit():
         w, loss = sgd(w, x)
         return w, loss, jnp.zeros((2048 if x.shape[0] == 24 else 1, 1024)) + loss
 
-    capacity = filtx.compare_capacity(filtx.filter_jit(spiky), batch_axis, limit=2**22, modes="none", sizes=(24, 8))
+    capacity = compare_capacity(filtx.filter_jit(spiky), batch_axis, limit=2**22, modes="none", sizes=(24, 8))
     (row,) = capacity.rows
     assert row.n > 24 and row.unsafe == (24,)
     assert [(n, fits) for n, _, fits, _ in row.checked] == [(8, True), (24, False)]
@@ -350,30 +357,30 @@ def test_a_compile_out_of_memory_counts_as_not_fitting_and_the_search_goes_on():
             raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 9.00GiB (autotuning)")
         return sgd(w, x)
 
-    (row,) = filtx.compare_capacity(filtx.filter_jit(refuses_big), batch_axis, limit=2**30, modes="none").rows
+    (row,) = compare_capacity(filtx.filter_jit(refuses_big), batch_axis, limit=2**30, modes="none").rows
     assert row.error is None and row.stopped is None and 495 <= row.n <= 500 and row.over > 500
     assert row.failed and all(n > 500 and "out of device memory" in why for n, why in row.failed)
     assert row.over_peak_bytes is None  # no figure for a size that did not compile
 
 
 def test_a_budget_ends_the_search_with_the_largest_size_found():
-    capacity = filtx.compare_capacity(filtx.filter_jit(sgd), batch_axis, limit=2**24, modes="none", max_compiles=3)
+    capacity = compare_capacity(filtx.filter_jit(sgd), batch_axis, limit=2**24, modes="none", max_compiles=3)
     (row,) = capacity.rows
     assert row.probes == 3 and row.n is not None and "max_compiles=3" in row.stopped
     assert row.peak_bytes <= 2**24
-    (row,) = filtx.compare_capacity(filtx.filter_jit(sgd), batch_axis, limit=2**24, modes="none", max_seconds=1e-9).rows
+    (row,) = compare_capacity(filtx.filter_jit(sgd), batch_axis, limit=2**24, modes="none", max_seconds=1e-9).rows
     assert row.probes == 1 and "max_seconds" in row.stopped
 
 
 def test_largest_is_a_multiple_and_every_size_fitting_is_said_in_words():
-    capacity = filtx.compare_capacity(filtx.filter_jit(sgd), batch_axis, limit=2**30, multiple_of=8, largest=1001)
+    capacity = compare_capacity(filtx.filter_jit(sgd), batch_axis, limit=2**30, multiple_of=8, largest=1001)
     for row in capacity.rows:
         assert row.n == 1000 and row.over is None and row.every_size_fits
     assert "every size up to largest=1000 fits" in str(capacity) and "2147483647" not in str(capacity)
 
 
 def test_every_rows_note_is_shown():
-    capacity = filtx.compare_capacity(filtx.filter_jit(sgd), batch_axis, limit=2**23, modes=["strict", "none", "arrays"])
+    capacity = compare_capacity(filtx.filter_jit(sgd), batch_axis, limit=2**23, modes=["strict", "none", "arrays"])
     text = str(capacity)
     strict = next(r for r in capacity.rows if "strict" in r.modes)
     assert strict.error and f"{strict.mode}: {strict.error}" in text
@@ -386,7 +393,8 @@ def test_verify_never_runs_what_does_not_fit_in_the_free_memory(monkeypatch):
     held = jnp.zeros((2**30 - 2**20) // 4)  # the user's process already holds most of the device
     monkeypatch.setattr(_memory, "device_memory", fake)
     monkeypatch.setattr(_capacity, "device_memory", fake)
-    capacity = filtx.compare_capacity(filtx.filter_jit(sgd), batch_axis, limit=2**23, verify=True)
+    monkeypatch.setattr(_device_check, "device_memory", fake)
+    capacity = compare_capacity(filtx.filter_jit(sgd), batch_axis, limit=2**23, verify=True)
     for row in capacity.rows:
         assert row.verified.startswith("not verified: the loop's predicted") and "free on the device" in row.verified
         assert row.device_peak_bytes is None
@@ -397,6 +405,7 @@ def test_a_loop_that_fails_in_verify_becomes_the_rows_note(monkeypatch):
     fake = FakeAllocator(limit=2**30)
     monkeypatch.setattr(_memory, "device_memory", fake)
     monkeypatch.setattr(_capacity, "device_memory", fake)
+    monkeypatch.setattr(_device_check, "device_memory", fake)
 
     class Exhausted(Exception):
         pass
@@ -404,8 +413,8 @@ def test_a_loop_that_fails_in_verify_becomes_the_rows_note(monkeypatch):
     def fail(*args, **kwargs):
         raise Exhausted("RESOURCE_EXHAUSTED: out of memory")
 
-    monkeypatch.setattr(_capacity._HostBatches, "put", fail)
-    (row,) = filtx.compare_capacity(filtx.filter_jit(sgd), batch_axis, limit=2**23, modes="none", verify=True).rows
+    monkeypatch.setattr(_user_loop._HostFed, "put", fail)
+    (row,) = compare_capacity(filtx.filter_jit(sgd), batch_axis, limit=2**23, modes="none", verify=True).rows
     assert row.n is not None and row.verified.startswith("the loop failed: Exhausted: RESOURCE_EXHAUSTED")
 
 
@@ -416,4 +425,138 @@ def test_a_loop_that_fails_in_verify_becomes_the_rows_note(monkeypatch):
 ])
 def test_bad_budget_and_loop_arguments_name_themselves(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        filtx.compare_capacity(filtx.filter_jit(sgd), batch_axis, limit=2**24, **kwargs)
+        compare_capacity(filtx.filter_jit(sgd), batch_axis, limit=2**24, **kwargs)
+
+
+#
+# Issue 53: every argument counted as the loop holds it, the real loop as the
+# judge on CPU (fresh processes), a headroom, and the rough edges
+#
+
+
+def _keyword_sgd(w, *, x):
+    return sgd(w, x)
+
+
+def test_a_batch_passed_by_keyword_counts_as_one_by_position():
+    positional = compare_capacity(filtx.filter_jit(sgd), batch_axis, limit=2**23, multiple_of=8)
+    keyword = compare_capacity(
+        filtx.filter_jit(_keyword_sgd), lambda n: ((S((W, W), jnp.float32),), {"x": S((n, W), jnp.float32)}),
+        limit=2**23, multiple_of=8)
+    for p, k in zip(positional.rows, keyword.rows):
+        assert k.n == p.n and k.batch_bytes == k.n * W * 4 and k.peak_bytes == p.peak_bytes
+    assert keyword.arguments == (("args[0]", "fed back from out[0] (a state)"), ("kwargs['x']", "new each step (a batch)"))
+    assert "  kwargs['x']  new each step (a batch)" in str(keyword)
+
+
+def test_a_fixed_argument_is_counted_once():
+    def with_table(w, table, x):
+        w, loss = sgd(w, x)
+        return w, loss + table.mean()
+
+    def make_args(n):
+        return (S((W, W), jnp.float32), S((512, 512), jnp.float32), S((n, W), jnp.float32)), {}
+
+    step = filtx.filter_jit(with_table)
+    unmarked = compare_capacity(step, make_args, limit=2**23, modes="none").rows[0]
+    for fixed in ("args[1]", 1, ["args[1]"]):
+        capacity = compare_capacity(step, make_args, limit=2**23, modes="none", fixed=fixed)
+        (row,) = capacity.rows
+        assert row.fixed_bytes == 512 * 512 * 4 and row.batch_bytes == row.n * W * 4
+        assert row.in_flight_bytes == W * W * 4 + 2 * row.batch_bytes  # the table is in the step's figure alone
+        assert ("args[1]", "fixed, counted once (fixed=)") in capacity.arguments
+    assert unmarked.batch_bytes == unmarked.n * W * 4 + 512 * 512 * 4 and unmarked.n < row.n  # the safe side
+    with pytest.raises(ValueError, match=r"fixed= names 'args\[7\]', which is no argument of the step.*args\[0\], args\[1\], args\[2\]"):
+        compare_capacity(step, make_args, limit=2**23, fixed="args[7]")
+    with pytest.raises(ValueError, match=r"fixed= names args\[0\], which the step's outputs feed back"):
+        compare_capacity(step, make_args, limit=2**23, fixed=0)
+    with pytest.raises(ValueError, match="fixed= names the arguments"):
+        compare_capacity(step, make_args, limit=2**23, fixed=[1.5])
+
+
+def test_a_make_args_the_step_does_not_take_is_an_error_naming_n_and_the_path():
+    w = jnp.ones((W, W))
+
+    def three(w, x, y):
+        return sgd(w, x + y)
+
+    with pytest.raises(ValueError, match=r"make_args\(8\) gives arguments the step does not take: .*args\[2\] \(y\) is missing"):
+        compare_capacity(filtx.filter_jit(three), lambda n: ((w, S((n, W), jnp.float32)), {}), limit=2**23, start=8)
+    with pytest.raises(ValueError, match=r"make_args\(1\) .*args\[2\] is one too many"):
+        compare_capacity(filtx.filter_jit(sgd), lambda n: ((w, S((n, W), jnp.float32), w), {}), limit=2**23)
+    with pytest.raises(ValueError, match=r"kwargs\['z'\] is not a parameter"):
+        compare_capacity(filtx.filter_jit(sgd), lambda n: ((w, S((n, W), jnp.float32)), {"z": w}), limit=2**23)
+    assert not w.is_deleted()
+
+
+def test_best_says_why_no_row_has_a_size():
+    capacity = compare_capacity(filtx.filter_jit(sgd), batch_axis, limit=2**23, modes="strict")
+    with pytest.raises(ValueError, match=r"no mode of this comparison has a size: strict: the step failed to compile"):
+        capacity.best()
+
+
+def test_a_none_row_whose_specs_donate_says_so():
+    step = filtx.filter_jit(sgd, specs=(filtx.donate, filtx.traced))
+    capacity = compare_capacity(step, batch_axis, limit=2**23, modes=["none", "arrays"])
+    none = capacity.rows[0]
+    assert none.note.startswith("still donates args[0]") and "specs=" in none.note
+    assert f"{none.mode}: {none.note}" in str(capacity)
+    assert compare_capacity(filtx.filter_jit(sgd), batch_axis, limit=2**23).rows[0].note is None
+
+
+def test_the_headroom_keeps_part_of_the_limit_free():
+    limit = 2**30
+    default = filtx.compare_capacity(filtx.filter_jit(sgd), batch_axis, limit=limit, modes="arrays", largest=2**20)
+    h = max(_capacity.CPU_HEADROOM, _capacity.CPU_HEADROOM_BYTES / limit)
+    assert default.headroom == h and default.rows[0].peak_bytes <= limit * (1 - h)
+    assert f"headroom: {h:.0%} of the limit kept free" in str(default)
+    (row,) = filtx.compare_capacity(filtx.filter_jit(sgd), batch_axis, limit=2**23, modes="arrays", headroom=0.5).rows
+    (whole,) = compare_capacity(filtx.filter_jit(sgd), batch_axis, limit=2**23, modes="arrays").rows
+    assert row.peak_bytes <= 2**22 < whole.peak_bytes and row.n < whole.n
+    for bad in (1, -0.1, True, "10%"):
+        with pytest.raises(ValueError, match="headroom is the fraction of limit kept free"):
+            filtx.compare_capacity(filtx.filter_jit(sgd), batch_axis, limit=2**23, headroom=bad)
+
+
+def test_every_size_fitting_prints_no_sentinel_size():
+    capacity = compare_capacity(filtx.filter_jit(lambda w, x: (w * 2, x.sum())), lambda n: (
+        (S((4,), jnp.float32), S((2,), jnp.float32)), {}), limit=2**30, modes="arrays")
+    (row,) = capacity.rows
+    assert row.every_size_fits and str(2**31 - 1) not in str(capacity) and str(2**31 - 1) not in repr(row)
+    assert "every size fits" in str(capacity) and str(capacity).splitlines()[3].split()[1] == "any"
+
+
+def test_the_plot_shows_itself_in_a_notebook():
+    pytest.importorskip("matplotlib")
+    figure = compare_capacity(filtx.filter_jit(sgd), batch_axis, limit=2**23, modes="arrays").plot()
+    assert figure._repr_png_().startswith(b"\x89PNG")
+
+
+def test_the_footnote_says_the_loop_model_in_two_lines():
+    text = str(compare_capacity(filtx.filter_jit(sgd), batch_axis, limit=2**23, ahead=2, prefetch=0))
+    assert "loop peak = step (XLA) + in flight" in text
+    assert "in flight = per call running ahead (2 calls: max_in_flight=2)" in text and "0 batches put ahead" in text
+
+
+def test_on_cpu_verify_runs_the_loop_in_fresh_processes():
+    capacity = filtx.compare_capacity(
+        filtx.filter_jit(_keyword_sgd), lambda n: ((S((W, W), jnp.float32),), {"x": S((n, W), jnp.float32)}),
+        limit=96 * 2**20, headroom=0.5, modes="arrays", verify=True, verify_runs=2, verify_steps=3,
+        feed=lambda args, out: (out[0],))
+    (row,) = capacity.rows
+    assert len(row.process_peaks) == 2 and all(2**20 < p < 2**30 for p in row.process_peaks)  # the rise, in bytes
+    assert row.verified.startswith("2 fresh processes, each a 3-step loop made there (max_in_flight=1")
+    assert "process peak" in str(capacity).splitlines()[1]
+
+
+def test_on_cpu_verify_wants_a_step_that_pickles():
+    import threading
+
+    lock = threading.Lock()
+
+    def make_args(n):  # holds a lock: no pickler carries it
+        assert lock is not None
+        return batch_axis(n)
+
+    with pytest.raises(ValueError, match=r"verify=True\) on CPU runs your loop in fresh processes.*must pickle"):
+        compare_capacity(filtx.filter_jit(sgd), make_args, limit=2**23, verify=True)

@@ -577,3 +577,15 @@ def test_an_object_pickled_by_a_released_filtx_loads_and_works(release, name):
     else:
         assert check["check"] == "warning"
         assert type(back) is getattr(filtx, check["type"]) and str(back) == check["str"]
+
+
+@pytest.mark.parametrize("pickler", ["pickle, protocol 2", "pickle", "cloudpickle"])
+def test_the_roles_class_pickles_by_its_public_module(pickler):
+    """`type(filtx.traced)` pickles as `filtx.Role` and loads as the same class
+    (0.3.1 named a `filtx.Role` that filtx did not have)."""
+    dumps = {"pickle, protocol 2": functools.partial(pickle.dumps, protocol=2), "pickle": pickle.dumps,
+             "cloudpickle": cloudpickle.dumps}[pickler]
+    role = type(filtx.traced)
+    payload = dumps(role)
+    assert _of_filtx(payload) == {("filtx", "Role")}
+    assert pickle.loads(payload) is role and pickle.loads(dumps(filtx.donate)) is filtx.donate

@@ -25,7 +25,8 @@ BATCH = jnp.ones(8)
 def test_train_step(donation_benchmark, mode):
     batches = lambda n: ((PARAMS, MOMENTUM, jax.ShapeDtypeStruct((n,), jnp.float32)), {})
     params, momentum, loss = donation_benchmark(
-        train_step, PARAMS, MOMENTUM, BATCH, mode=mode, rounds=3, calls=4, capacity=batches, capacity_limit=2**23)
+        train_step, PARAMS, MOMENTUM, BATCH, mode=mode, rounds=3, calls=4, capacity=batches, capacity_limit=2**23,
+        capacity_headroom=0, capacity_options={"timing": 2, "max_seconds": 3})
     assert params["w"].shape == (131072,)
     assert not PARAMS["w"].is_deleted()
 '''
@@ -60,6 +61,14 @@ def test_the_fixture_gives_one_entry_per_mode_with_bytes(pytester, monkeypatch):
         assert info["capacity_limit"] == 2**23 and info["capacity_peak_bytes"] <= 2**23 < info["capacity_over_peak_bytes"]
         assert info["capacity_verified"].startswith("predicted only")
     assert arrays["extra_info"]["capacity_n"] > none["extra_info"]["capacity_n"]  # donating fits a larger batch
+    for entry in entries:  # capacity_options={"timing": 2}: the loop timed at n and n/2, the best size recorded
+        info = entry["extra_info"]
+        n, timed = info["capacity_n"], info["capacity_timed"]
+        assert [t[0] for t in timed] == [n // 2, n] and info["capacity_samples_unit"] == "samples/s"
+        assert all(rate == size / seconds for size, seconds, rate in timed)
+        assert info["capacity_best_throughput"] == max(t[2] for t in timed)
+        assert info["capacity_best_n"] in (n // 2, n) and 0 < info["capacity_largest_share"] <= 1
+        assert "max_in_flight=1" in info["capacity_timing"]
 
 
 def test_importing_the_plugin_loads_no_jax(pytester):

@@ -22,7 +22,8 @@ class DonationBenchmark:
     def __call__(
         self, step: Any, /, *args: Any, mode: str | None = None, feed: Callable | None = None,
         calls: int | None = None, rounds: int = 10, capacity: Callable | None = None,
-        capacity_limit: int | None = None, **kwargs: Any,
+        capacity_limit: int | None = None, capacity_headroom: float | None = None,
+        capacity_options: dict | None = None, **kwargs: Any,
     ) -> Any:
         benchmark = self.benchmark
         (run,) = make_runs(step, args, kwargs, None if mode is None else [mode], feed)[:1]
@@ -69,9 +70,15 @@ class DonationBenchmark:
         if unusable is not None:
             info["unusable"] = list(unusable)
         if capacity is not None:  # what fits in this mode: compare_capacity's row, for make_args `capacity`
-            (row,) = compare_capacity(step, capacity, modes=[run.modes[0]], limit=capacity_limit, feed=feed).as_dicts()
-            info.update({f"capacity_{key}": row[key] for key in _CAPACITY if row.get(key) is not None})
+            # capacity_options: compare_capacity's other keywords (timing=, samples=, max_seconds=, fixed=, ...)
+            found = compare_capacity(step, capacity, modes=[run.modes[0]], limit=capacity_limit,
+                                     headroom=capacity_headroom, feed=feed, **(capacity_options or {}))
+            (row,) = found.as_dicts()
+            info.update({f"capacity_{key}": row[key] for key in _CAPACITY if row.get(key) not in (None, [])})
+            if row.get("timed"):
+                info["capacity_samples_unit"] = found.samples_unit
         return run.out
 
 
-_CAPACITY = ("n", "peak_bytes", "over", "over_peak_bytes", "limit", "device_peak_bytes", "verified", "error")
+_CAPACITY = ("n", "peak_bytes", "over", "over_peak_bytes", "limit", "headroom", "device_peak_bytes", "verified", "error",
+             "timed", "best_n", "best_throughput", "largest_share", "timing")

@@ -293,6 +293,9 @@ def publish(namespace: dict, names: Iterable[str], package: str = "filtx") -> No
                 typing.overload(stub)
         elif type(obj).__reduce__ is not object.__reduce__ and obj.__reduce__() == name:
             type(obj).__module__ = package
+            # The class itself pickles by that module and its name (`filtx.Role`):
+            # reachable there, though not one of `names`.
+            namespace.setdefault(type(obj).__qualname__, type(obj))
 
 
 def _module_name(wrapper: Any) -> str | None:

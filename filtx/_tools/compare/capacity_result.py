@@ -35,13 +35,18 @@ class CapacityRow:
         `largest` fits), and `over_peak_bytes` its predicted peak.
     - `ratio`: `n` over the `"none"` row's `n`.
     - `device_peak_bytes`: the device allocator's peak over a real loop of this
-        mode at `n` (its arguments included), where verified; `verified` says
-        how (`"a 10-step loop"`) or why not (`"predicted only: ..."`).
+        mode at `n` (its arguments included), where verified on a GPU or TPU;
+        `process_peaks`: on CPU with `verify=True`, each fresh process's peak
+        resident memory above its memory after import, running the loop at
+        `n`; `verified` says how (`"a 10-step loop"`) or why not
+        (`"predicted only: ..."`).
     - `probes`: the sizes compiled; `tried`: each `(size, predicted peak)`;
         `seconds`: the search's time; `devices`: the devices the step runs on.
     - `error`: why this mode has no size (refused, nothing fits at `start`,
         a compile that failed before any size fit).
-    - `batch_bytes`: the arguments no output feeds (a batch), new every step;
+    - `batch_bytes`: the arguments no output feeds and `fixed=` does not name
+        (a batch), new every step; `fixed_bytes`: the fixed arguments, in the
+        step's figure once;
         `run_ahead_bytes`: what each further call in flight adds (a state and
         a batch); `setting`: what makes the figure hold in your loop
         (`"max_in_flight=1"`: wrap the step with it).
@@ -52,6 +57,15 @@ class CapacityRow:
         (counted as not fitting); `stopped`: why the search ended early (a
         budget, a compile that failed otherwise), `n` then being the largest
         size found to fit; `every_size_fits`: every size up to `largest` fits.
+    - `note`: what the row does not show otherwise (a `"none"` row whose
+        `specs=` still donate).
+    - With `timing=`: `timed`, `(size, seconds per step, throughput)` for each
+        size timed (ascending; the throughput in samples per second, as
+        `samples=` counts them); `best_n` and `best_throughput`, the size with
+        the best throughput and that throughput; `largest_share`, the
+        throughput at `n` over the best (1.0 where `n` is the fastest);
+        `throughput_ratio`, `best_throughput` over the `"none"` row's;
+        `timing`, how the loops were timed, or why not.
 
     !!! example
 
@@ -98,6 +112,15 @@ class CapacityRow:
     failed: tuple = ()
     stopped: str | None = None
     every_size_fits: bool = False
+    fixed_bytes: int | None = None
+    process_peaks: tuple = ()
+    note: str | None = None
+    timed: tuple = ()
+    best_n: int | None = None
+    best_throughput: float | None = None
+    largest_share: float | None = None
+    throughput_ratio: float | None = None
+    timing: str | None = None
 
     def __repr__(self) -> str:
         """One line: the mode, its size and predicted peak (or why it has none)."""
@@ -106,8 +129,13 @@ class CapacityRow:
         if self.n is None:
             return f"CapacityRow(mode={self.mode!r}, n=None, {one_line(self.error or 'no size found')})"
         ratio = "" if self.ratio is None else f", x none={self.ratio:.2f}"
-        over = ", every size up to largest fits" if self.over is None else f", first over={self.over}"
-        return f"CapacityRow(mode={self.mode!r}, n={self.n}, peak={format_bytes(self.peak_bytes)}{ratio}{over})"
+        if self.every_size_fits:
+            return f"CapacityRow(mode={self.mode!r}, every size fits up to largest, peak={format_bytes(self.peak_bytes)}{ratio})"
+        if self.stopped:
+            end = f", stopped: {one_line(self.stopped, 60)}"
+        else:
+            end = "" if self.over is None else f", first over={self.over}"
+        return f"CapacityRow(mode={self.mode!r}, n={self.n}, peak={format_bytes(self.peak_bytes)}{ratio}{end})"
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:  # IPython's display: the one line
         p.text(repr(self))
@@ -120,9 +148,12 @@ class CapacityComparison:
     says where it came from); `resolution`, `multiple_of`, `ahead` (the calls
     a loop keeps in flight: `max_in_flight=ahead`), `prefetch` and `largest`
     as asked;
-    `fed` says which outputs feed which arguments. `str()` is a table,
-    `best()` the row that fits the largest size, `as_dicts()` plain values,
-    `plot()` each mode's predicted peak against the size, the limit drawn.
+    `fed` says which outputs feed which arguments; `samples_unit` the unit of
+    the throughputs (`"samples/s"`, or `"steps/s"` with `samples=1`). `str()`
+    is a table, `best()` the row that fits the largest size, `fastest()` (with
+    `timing=`) the row that trains fastest at a size that fits, `as_dicts()`
+    plain values, `plot()` each mode's predicted peak against the size, the
+    limit drawn (and, with `timing=`, its throughput against the size).
 
     !!! example
 
@@ -152,13 +183,27 @@ class CapacityComparison:
     ahead: int = 1
     prefetch: int = 1
     largest: int | None = None
+    headroom: float = 0.0
+    arguments: tuple = ()
+    samples_unit: str = "samples/s"
 
     def best(self) -> CapacityRow:
         """The row that fits the largest `n` (ties: the least peak there)."""
         ok = [r for r in self.rows if r.error is None and r.n is not None]
         if not ok:
-            raise ValueError("no mode of this comparison fits any size under the limit.")
+            why = "; ".join(f"{r.mode}: {r.error}" for r in self.rows)
+            raise ValueError(f"no mode of this comparison has a size: {why}")
         return max(ok, key=lambda r: (r.n, -(r.peak_bytes or 0)))
+
+    def fastest(self) -> CapacityRow:
+        """With `timing=`: the row whose loop trains fastest at a size that fits
+        (its `best_n`, `best_throughput`, and `throughput_ratio` to the
+        `"none"` row's best)."""
+        timed = [r for r in self.rows if r.best_throughput is not None]
+        if not timed:
+            why = "; ".join(f"{r.mode}: {r.timing or r.error or 'not timed'}" for r in self.rows)
+            raise ValueError(f"no mode of this comparison was timed (pass timing=True): {why}")
+        return max(timed, key=lambda r: r.best_throughput)
 
     def as_dicts(self) -> list[dict[str, Any]]:
         """Every row as a dict of plain values (tuples become lists), ready for `json.dumps`."""
@@ -167,69 +212,83 @@ class CapacityComparison:
             d = dataclasses.asdict(row)
             d["modes"] = list(row.modes)
             d["tried"] = [list(t) for t in row.tried]
-            d["limit"] = self.limit
+            d["process_peaks"] = list(row.process_peaks)
+            d["timed"] = [list(t) for t in row.timed]
+            d["limit"], d["headroom"] = self.limit, self.headroom
             out.append(d)
         return out
 
+    def _any_size(self, row: CapacityRow) -> bool:
+        """A row where every size fits up to a `largest` the user did not bound."""
+        return row.every_size_fits and (self.largest or 0) >= 2**31 - 1 - self.multiple_of
+
     def __str__(self) -> str:
         device = any(r.device_peak_bytes is not None for r in self.rows)
-        header = ("mode", "n", "x none", "loop peak", "step (XLA)", "in flight") + (
-            ("device peak",) if device else ()) + ("first over", "its peak", "compiles")
+        processes = any(r.process_peaks for r in self.rows)
+        extra = (("device peak",) if device else ()) + (("process peak",) if processes else ())
+        timed = any(r.timed for r in self.rows)
+        speed = ("best n", f"best {self.samples_unit}", "x none's", "n's share") if timed else ()
+        header = ("mode", "n", "x none", "loop peak", "step (XLA)", "in flight") + extra + (
+            "first over", "its peak", "compiles") + speed
         body = []
         for r in self.rows:
+            rates = _rates(r) if timed else ()
             if r.n is None:
-                body.append((r.mode, "-", "", "", "", "") + (("",) if device else ()) + (
-                    str(r.over or "-"), format_bytes(r.over_peak_bytes), str(r.probes)))
+                body.append((r.mode, "-", "", "", "", "") + ("",) * len(extra) + (
+                    str(r.over or "-"), format_bytes(r.over_peak_bytes), str(r.probes)) + rates)
                 continue
+            measured = ((format_bytes(r.device_peak_bytes),) if device else ()) + (
+                (_span(r.process_peaks),) if processes else ())
             body.append((
-                r.mode, str(r.n) + ("!" if r.unsafe else "") + ("~" if r.stopped else ""),
+                r.mode, ("any" if self._any_size(r) else str(r.n)) + ("!" if r.unsafe else "") + ("~" if r.stopped else ""),
                 "-" if r.ratio is None else f"{r.ratio:.2f}", format_bytes(r.peak_bytes),
                 format_bytes(r.step_bytes) + ("*" if r.step_source == "sum" else ""),
                 format_bytes(r.in_flight_bytes),
-            ) + ((format_bytes(r.device_peak_bytes),) if device else ()) + (
+            ) + measured + (
                 "none" if r.over is None else str(r.over), format_bytes(r.over_peak_bytes), str(r.probes),
-            ))
+            ) + rates)
         devices = max((r.devices for r in self.rows), default=1)
         per = f", bytes per device ({devices} devices)" if devices > 1 else ""
         summary = (
             f"{self.function}: the largest n under {format_bytes(self.limit)} ({self.limit_source}), "
             f"to {self.resolution:.0%}" + (f", multiples of {self.multiple_of}" if self.multiple_of > 1 else "") + per
         )
-        calls = f"{self.ahead} call" + ("s" if self.ahead != 1 else "")
+        fastest = [self._fastest_line()] if timed else []
+        return "\n".join([summary, *fastest, *table_lines(header, body), *self._notes(device, processes)])
+
+    def _fastest_line(self) -> str:
+        """The fastest configuration that fits, across modes, and its ratio to `"none"`'s best."""
+        r = self.fastest()
+        line = f"fastest that fits: {r.mode} at n={r.best_n}, {_rate(r.best_throughput)} {self.samples_unit}"
+        none = next((x for x in self.rows if "none" in x.modes and x.best_throughput), None)
+        if none is None or none is r:
+            return line + ("" if none is None else " (no donating mode beats it)")
+        return line + f": {r.throughput_ratio:.2f}x none's best {self.samples_unit} (n={none.best_n})"
+
+    def _notes(self, device: bool, processes: bool) -> list[str]:
+        """The lines under the table: how the figures are made, then each row's own."""
+        batches = f"{self.prefetch} batch{'es' if self.prefetch != 1 else ''}"
+        calls = "no call" if self.ahead == 0 else f"{self.ahead} call" + ("s" if self.ahead != 1 else "")
         notes = [
-            f"loop peak: a training loop's, predicted: the step, and in flight, for each of {calls} still running "
-            f"(wrap the step with max_in_flight={self.ahead}), the state fed back that no donated buffer takes and "
-            f"a batch, and {self.prefetch} batch{'es' if self.prefetch != 1 else ''} put ahead"
+            "loop peak = step (XLA) + in flight",
+            f"in flight = per call running ahead ({calls}: max_in_flight={self.ahead}), its state (what no donated "
+            f"buffer takes) and its batch; and {batches} put ahead",
         ]
-        if self.fed:
+        if self.headroom:
+            notes.append(f"headroom: {self.headroom:.0%} of the limit kept free, so loop peaks stay under "
+                         f"{format_bytes(int(self.limit * (1 - self.headroom)))}")
+        if self.arguments:
+            width = max(len(path) for path, _ in self.arguments)
+            notes.append("arguments:")
+            notes.extend(f"  {path.ljust(width)}  {how}" for path, how in self.arguments)
+        elif self.fed:
             notes.append(f"fed back: {self.fed}")
         if any(r.step_source == "sum" for r in self.rows):
             notes.append("* arguments + outputs - aliased + temporaries (this backend's peak leaves temporaries out)")
-        verified = {r.verified for r in self.rows if r.verified is not None and r.device_peak_bytes is None}
+        verified = {r.verified for r in self.rows if r.verified is not None and r.device_peak_bytes is None
+                    and not r.process_peaks}
         for r in self.rows:
-            if r.error is not None:
-                notes.append(f"{r.mode}: {r.error}")
-                continue
-            if r.every_size_fits:
-                notes.append(f"{r.mode}: every size up to largest={self.largest or r.n} fits")
-            if r.unsafe:
-                notes.append(f"{r.mode}: ! sizes below n that do NOT fit: {', '.join(map(str, r.unsafe))} "
-                             "(the figure does not grow with n there; check the sizes you will run)")
-            if r.stopped:
-                notes.append(f"{r.mode}: ~ {r.stopped}; n is the largest size found to fit")
-            for n, why in r.failed:
-                notes.append(f"{r.mode}: n={n} counted as not fitting: {why}")
-            for n, peak, fits, why in r.checked:
-                state = "fits" if fits else "does NOT fit"
-                notes.append(f"{r.mode}: size {n} (sizes=): {format_bytes(peak)}, {state}" + (f" ({why})" if why else ""))
-            if r.state_bytes:
-                notes.append(
-                    f"{r.mode}: without donation the figure depends on run-ahead: each further call in flight adds "
-                    f"{format_bytes(r.run_ahead_bytes)}; a loop that never waits, unbounded, can run out of memory "
-                    f"at any size (use {r.setting})"
-                )
-            if r.verified is not None and r.device_peak_bytes is None and len(verified) > 1:
-                notes.append(f"{r.mode}: {r.verified}")
+            notes.extend(self._row_notes(r, len(verified) > 1))
         if len(verified) == 1:  # said once for the rows that share it
             (text,) = verified
             sharing = [r.mode for r in self.rows if r.verified == text]
@@ -237,47 +296,74 @@ class CapacityComparison:
             notes.append(f"{'all rows' if sharing == sized else ', '.join(sharing)}: {text}")
         if device:
             notes.append("device peak: the allocator's peak over a real loop at n, its arguments included")
-        return "\n".join([summary, *table_lines(header, body), *notes])
+        if processes:
+            text = next(r.verified for r in self.rows if r.process_peaks)
+            notes.append(f"process peak: {text}, lowest to highest")
+        notes.extend(self._timing_notes())
+        return notes
+
+    def _timing_notes(self) -> list[str]:
+        """Each timed size's step time and throughput, and how the loops were timed."""
+        notes = []
+        for r in self.rows:
+            if r.timed:
+                sizes = "; ".join(f"n={n}: {seconds:.3g} s a step, {_rate(rate)}" for n, seconds, rate in r.timed)
+                notes.append(f"{r.mode}: {self.samples_unit} by size: {sizes}")
+        hows = list(dict.fromkeys(r.timing for r in self.rows if r.timing is not None and r.error is None))
+        if len(hows) == 1 and all(r.timing == hows[0] for r in self.rows if r.error is None):
+            notes.append(f"timing: {hows[0]}")
+        else:
+            notes.extend(f"{r.mode}: timing: {r.timing}" for r in self.rows if r.timing is not None)
+        return notes
+
+    def _row_notes(self, r: CapacityRow, verified: bool) -> list[str]:
+        if r.error is not None:
+            return [f"{r.mode}: {r.error}"]
+        notes = []
+        if r.note:
+            notes.append(f"{r.mode}: {r.note}")
+        if self._any_size(r):
+            notes.append(f"{r.mode}: every size fits (none up to the search's largest, 2**31 - 1, is over the "
+                         f"limit; pass largest= to bound it)")
+        elif r.every_size_fits:
+            notes.append(f"{r.mode}: every size up to largest={self.largest or r.n} fits")
+        if r.unsafe:
+            notes.append(f"{r.mode}: ! sizes below n that do NOT fit: {', '.join(map(str, r.unsafe))} "
+                         "(the figure does not grow with n there; check the sizes you will run)")
+        if r.stopped:
+            notes.append(f"{r.mode}: ~ {r.stopped}; n is the largest size found to fit")
+        for n, why in r.failed:
+            notes.append(f"{r.mode}: n={n} counted as not fitting: {why}")
+        for n, peak, fits, why in r.checked:
+            state = "fits" if fits else "does NOT fit"
+            notes.append(f"{r.mode}: size {n} (sizes=): {format_bytes(peak)}, {state}" + (f" ({why})" if why else ""))
+        if r.state_bytes:
+            notes.append(
+                f"{r.mode}: without donation the figure depends on run-ahead: each further call in flight adds "
+                f"{format_bytes(r.run_ahead_bytes)}; a loop that never waits, unbounded, can run out of memory "
+                f"at any size (use {r.setting})"
+            )
+        if verified and r.verified is not None and r.device_peak_bytes is None and not r.process_peaks:
+            notes.append(f"{r.mode}: {r.verified}")
+        return notes
 
     def plot(self, path: Any = None) -> Any:
         """Each mode's predicted loop peak against the size (every size the
-        search compiled), the limit drawn, the sizes found marked (matplotlib).
+        search compiled), the limit drawn, the sizes found marked; with
+        `timing=`, beside it each mode's throughput against the size, the
+        best marked, the sizes that do not fit greyed out (matplotlib).
 
         **Arguments:**
 
         - `path`: where to save the figure (any format matplotlib writes); `None`
             saves nothing.
 
-        **Returns:** the `matplotlib.figure.Figure`.
+        **Returns:** the `matplotlib.figure.Figure` (a notebook shows it as an
+        image, with or without `%matplotlib inline`).
         """
-        try:
-            from matplotlib.figure import Figure
-        except ImportError:
-            raise ImportError(
-                "CapacityComparison.plot needs matplotlib, an optional extra of filtx: "
-                "pip install 'filtx[plot]' (or pip install matplotlib)."
-            ) from None
-        figure = Figure(figsize=(6.4, 4.2), layout="constrained")
-        axes = figure.subplots()
-        for r in self.rows:
-            if not r.tried:
-                continue
-            sizes, peaks = zip(*r.tried)
-            (drawn,) = axes.plot(sizes, [p / 2**20 for p in peaks], "o-", ms=3, label=r.mode)
-            if r.n is not None:
-                axes.plot([r.n], [(r.peak_bytes or 0) / 2**20], "*", ms=12, color=drawn.get_color())
-            if r.device_peak_bytes is not None:
-                axes.plot([r.n], [r.device_peak_bytes / 2**20], "kD", ms=5)
-        axes.axhline(self.limit / 2**20, color="tab:red", ls="--", label="limit")
-        axes.set_xscale("log")
-        axes.set_yscale("log")
-        axes.set_xlabel("n")
-        axes.set_ylabel("a loop's peak, predicted (MiB per device)")
-        axes.legend()
-        axes.set_title(f"{self.function}: what fits per mode")
-        if path is not None:
-            figure.savefig(path)
-        return figure
+        from .capacity_plot import plot
+
+        return plot(self, path)
 
     def __repr__(self) -> str:
         """One line: the step's name, the limit, and each mode's size."""
@@ -287,3 +373,25 @@ class CapacityComparison:
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
         """IPython's display (a notebook's, the IPython shell's): the `str()` table."""
         p.text(repr(self) if cycle else str(self))
+
+
+def _rates(r: CapacityRow) -> tuple[str, str, str, str]:
+    """A row's timing columns: the best size, its throughput, its ratio to
+    `"none"`'s best, and the largest size's share of it."""
+    if r.best_throughput is None:
+        return ("", "", "", "")
+    ratio = "-" if r.throughput_ratio is None else f"{r.throughput_ratio:.2f}"
+    share = "-" if r.largest_share is None else f"{r.largest_share:.0%}"
+    return (str(r.best_n), _rate(r.best_throughput), ratio, share)
+
+
+def _rate(value: float) -> str:
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
+def _span(values: tuple) -> str:
+    """`low-high` of measured bytes (one figure where they agree)."""
+    if not values:
+        return ""
+    low, high = format_bytes(min(values)), format_bytes(max(values))
+    return low if low == high else f"{low} - {high}"

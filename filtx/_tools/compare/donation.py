@@ -24,7 +24,7 @@ from ..._core.donation import UnusableDonationWarning
 from .memory import device_memory, memory_figures, outputs_differ
 from ..._core.roles import is_ref
 
-__all__ = ["compare_donation", "compare", "quiet_donation_warnings", "calls_per_round", "rounds_for", "settle_calls", "own_peak_calls", "unsteady", "time_range"]
+__all__ = ["compare_donation", "compare", "quiet_donation_warnings", "rotated", "calls_per_round", "rounds_for", "settle_calls", "own_peak_calls", "unsteady", "time_range"]
 
 _TARGET_ROUND = 0.2  # seconds: without `calls`, a round is about this long, but
 _LOOP = 30  # ... at most 30 calls (a loop that reads its loss now and then), and
@@ -164,9 +164,7 @@ def compare(
                 _guarded(run, lambda r=run: r.own_peak(own_peak_calls(calls), _figures(r).get("peak_bytes")))
         bar = _Progress(rounds, name, Progress(progress).enabled)
         for r in range(rounds):
-            order = _ok(runs)
-            order = order[r % len(order):] + order[: r % len(order)] if order else order
-            for run in order:
+            for run in rotated(_ok(runs), r):
                 sets = run.prepare(calls)
                 seconds = _guarded(run, lambda run=run, sets=sets: run.timed(sets))
                 if seconds is not None:
@@ -177,6 +175,13 @@ def compare(
         bar.close()
         rows, devices = _rows(runs)
     return DonationComparison(name, tuple(rows), rounds, calls, devices > 1, devices, runs[0].feeding.describe())
+
+
+def rotated(items: list, r: int) -> list:
+    """`items` in round `r`'s order: rotated by `r`, so that each stands first
+    in turn (a slow period of the machine, or what the one before left in the
+    caches, is spread over the rows)."""
+    return items[r % len(items):] + items[: r % len(items)] if items else items
 
 
 def calls_per_round(estimate: float | None) -> int:
