@@ -22,8 +22,12 @@ from), `donated_bytes`, `reused_bytes` and `unusable` (paths); a figure the
 backend does not give is left out. With `capacity=make_args` (and
 `capacity_limit=` bytes, on CPU), what fits in that mode too, as
 `filtx.compare_capacity` finds it: `capacity_n`, `capacity_peak_bytes`,
-`capacity_over`, `capacity_over_peak_bytes`, `capacity_limit` and, where a
-real loop verified it, `capacity_device_peak_bytes`.
+`capacity_over`, `capacity_over_peak_bytes`, `capacity_limit`, `capacity_headroom` and,
+where a real loop verified it, `capacity_device_peak_bytes`; with
+`capacity_options={"timing": True}` (any other keyword of `compare_capacity`
+goes there too), the throughput at the sizes that fit: `capacity_timed`,
+`capacity_best_n`, `capacity_best_throughput`, `capacity_largest_share`,
+`capacity_timing` and `capacity_samples_unit`.
 """
 
 from __future__ import annotations
@@ -40,10 +44,13 @@ def donation_benchmark(request: Any) -> Any:
     """Benchmark a step under one donation mode, as one pytest-benchmark entry.
 
     Call it once per test: `donation_benchmark(step, *args, mode=..., feed=None,
-    calls=None, rounds=10, capacity=None, capacity_limit=None, **kwargs)`, with
-    `step`, `feed` and the arguments as in `filtx.compare_donation`, and
-    `capacity=make_args`, `capacity_limit=` as `make_args` and `limit` in
-    `filtx.compare_capacity`; it returns the step's last output. Entries are
+    calls=None, rounds=10, capacity=None, capacity_limit=None,
+    capacity_headroom=None, capacity_options=None, **kwargs)`, with `step`,
+    `feed` and the arguments as in `filtx.compare_donation`, and
+    `capacity=make_args`, `capacity_limit=`, `capacity_headroom=` as
+    `make_args`, `limit` and `headroom` in `filtx.compare_capacity`
+    (`capacity_options`: its other keywords, `timing=` among them); it returns
+    the step's last output. Entries are
     grouped by test function (unless a `benchmark(group=...)` marker says
     otherwise), so `--benchmark-compare` and `--benchmark-histogram` set the
     modes side by side."""
