@@ -476,11 +476,12 @@ LAYOUT_TIME_TARGET, LAYOUT_BYTES_TARGET = 1.10, 0.01
 # said where an FSDP row misses its target with the batch as wide as the model (measured 2026-12-05)
 FSDP_SAME_SIZE = (
     "The batch has as many rows as the model is wide, so under FSDP each weight's shard and the batch's have "
-    "the same size, and filtx's reading of which buffers the donated arguments stand on "
-    "(`filtx/_fastpath/buffers.py`, `fed_back_keys`: a fed-back array whose shards are the size of another "
-    "argument's is read shard by shard) reads every such array each call. In one process, "
-    "both build orders, the FSDP step read 1.14x its floor at a batch of 256 and 0.98x at 320 (4 devices, "
-    "2026-12-05): that reading, not the layout, is what its row shows over 1.10x."
+    "the same size. Until be692ff filtx then read the buffers of every fed-back weight each call, which waits "
+    "for its call to start (the first run, `2026-12-05.jsonl`, 1.109x and 1.103x); it no longer does, and "
+    "the FSDP rows still read over 1.10x. In one process (4 devices, 12 interleaved rounds, 2026-12-05) the "
+    "FSDP step read 1.08x its floor at a batch of 192, 1.11-1.16x at 256 and 1.07x at 320, its dispatch "
+    "taking 0.2-0.6 ms of the host's more than the floor's out of 3-4 ms (2 cores for 4 devices' threads "
+    "and Python): what makes 256 dearer is not found."
 )
 
 

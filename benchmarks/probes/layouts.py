@@ -53,14 +53,12 @@ device within 1 % of the count from the shardings.
 What filtx adds is a cost per call, so the ratio to the floor depends on the
 step's length: at `--quick`'s width 64 (steps of about 1 ms here) every way
 reads 1.3-1.5x. The batch and the width are equal (256), so under FSDP a
-weight's shard and the batch's shard have the same size, and filtx's reading
-of which buffers the donated arguments stand on (`filtx/_fastpath/buffers.py`,
-`fed_back_keys`: a fed-back array whose shards are the size of another
-argument's is read shard by shard) reads each such array every call (15
-arrays a step where data-parallel reads 3; with a batch of 96 at width 64 the
-two ways make the same Python calls). In one process, both build orders, the
-FSDP step read 1.14x its floor at a batch of 256 and 0.98x at 320 (4
-devices, 2026-12-05): the FSDP rows include that cost.
+weight's shard and the batch's shard have the same size: until be692ff
+filtx read the buffers of each fed-back weight every call there
+(`filtx/_fastpath/buffers.py`, `fed_back_keys`), which waits for the call
+that makes it to start. It no longer does; the FSDP rows still read 1.11-1.14x
+(2026-12-05-b), and in one process 1.08x at a batch of 192, 1.11-1.16x at 256
+and 1.07x at 320 (the section says what was measured).
 
 Answered in: `docs/layouts.md#which-layout` (the guide), from the section
 of `docs/benchmarks.md` that `benchmarks/results/layouts/` renders to.
