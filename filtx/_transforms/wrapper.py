@@ -214,14 +214,11 @@ class Wrapper:
         are unfinished, dispatch, and dispatch the call's token."""
         with in_flight.lock:
             in_flight.wait(self._max_in_flight)
-            try:
-                out = entry.call(*dynamic)
-            except Exception as e:
-                try:
-                    out = self._recover(e, dynamic, split, entry)
-                except RuntimeError as error:
-                    without_filtx_frames(error)
-                    raise
+            try:  # `__call__`'s dispatch, there written out for the unbounded path
+                out = self._dispatch(entry.call, dynamic, split, entry)
+            except RuntimeError as error:
+                without_filtx_frames(error)
+                raise
             in_flight.record(out if type(out) is list else out[0], entry, dynamic)
         return out
 
