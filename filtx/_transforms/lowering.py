@@ -84,12 +84,7 @@ class AheadOfTime:
             assert "stablehlo" in traced.lower().as_text()
             ```
         """
-        entry, dynamic, split = self._entry(args, kwargs)
-        try:
-            traced = entry.trace(*dynamic)
-        except Exception as e:
-            self._explain_stage_failure(e, dynamic, split, entry)
-            raise
+        traced, entry, split = self._stage("trace", args, kwargs)
         return Traced(traced, self, entry, split)
 
     def lower(self, /, *args, **kwargs) -> "Lowered":
@@ -120,13 +115,18 @@ class AheadOfTime:
             assert float(compiled(model, x)[0]) == 3.0
             ```
         """
+        lowered, entry, split = self._stage("lower", args, kwargs)
+        return Lowered(lowered, self, entry, (split.statics, split.pattern))
+
+    def _stage(self, stage: str, args: tuple, kwargs: dict) -> tuple:
+        """`(entry.<stage>(*dynamic), entry, split)` for these arguments
+        (`"trace"` or `"lower"`), a refusal explained by path where it can be."""
         entry, dynamic, split = self._entry(args, kwargs)
         try:
-            lowered = entry.lower(*dynamic)
+            return getattr(entry, stage)(*dynamic), entry, split
         except Exception as e:
             self._explain_stage_failure(e, dynamic, split, entry)
             raise
-        return Lowered(lowered, self, entry, (split.statics, split.pattern))
 
     def _explain_stage_failure(self, e: Exception, dynamic: list, split, entry) -> None:
         """Raise a clearer error, by path, for a `.trace` or `.lower` JAX refused
