@@ -157,23 +157,35 @@ def test_fed_back_keys_read_only_values_not_read_beside_those_outputs_before():
     mesh = jax.make_mesh((n,), ("d",), axis_types=(jax.sharding.AxisType.Explicit,))
     sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("d"))
     fed = [jax.device_put(jnp.ones((n, 4)), sharding) for _ in range(2)]  # outputs of the last call
-    batch = jax.device_put(jnp.zeros((n, 3)), sharding)  # read; its shards' size is not theirs
+    # x and y: read (each could stand on the other's buffers); their shards' size is not the outputs'
+    x, y = (jax.device_put(jnp.full((n, 3), v), sharding) for v in (0.0, 1.0))
     fresh = set(map(id, fed))
-    keys, beside = _buffers.fed_back_keys([*fed, batch], fresh, None)
-    assert keys[:2] == [-id(fed[0]) - 1, -id(fed[1]) - 1] and isinstance(keys[2], tuple)
-    assert [(ref(), key) for ref, key in beside] == [(batch, keys[2])]
-    # The next call: the batch was read beside them, before they were made. Nothing is read.
+    keys, beside = _buffers.fed_back_keys([*fed, x, y], fresh, None)
+    assert keys[:2] == [-id(fed[0]) - 1, -id(fed[1]) - 1] and isinstance(keys[2], tuple) and keys[2] != keys[3]
+    assert [(ref(), key) for ref, key in beside] == [(x, keys[2]), (y, keys[3])]
+    # The next call: x and y were read beside them, before they were made. Nothing is read.
     reads = []
     original = _buffers._buffer_key
     _buffers._buffer_key = lambda x, *a: reads.append(x) or original(x, *a)
     try:
-        again, kept = _buffers.fed_back_keys([*fed, batch], fresh, beside)
+        again, kept = _buffers.fed_back_keys([*fed, x, y], fresh, beside)
         assert again == keys and kept is beside and reads == []
+        # A new value of a shard size no other value has (a step count fed back inside a
+        # tuple, which no record holds) stands on no other's buffers: keyed by id, unread.
+        count = jax.device_put(jnp.zeros((n, 5)), sharding)
+        again, kept = _buffers.fed_back_keys([*fed, x, y, count], fresh, beside)
+        assert again == [*keys, -id(count) - 1] and reads == []
+        assert [(ref(), key) for ref, key in kept] == [(x, keys[2]), (y, keys[3]), (count, -id(count) - 1)]
         # An array made since from a fed-back output's shards was not: read, as are fresh
         # values of its shards' size; the alias gets the output's key.
         alias = jax.make_array_from_single_device_arrays(fed[0].shape, fed[0].sharding, list(fed[0]._arrays))
         keys, _ = _buffers.fed_back_keys([*fed, alias], fresh, beside)
-        assert keys[0] == keys[2] != keys[1] and alias in reads
+        assert keys[0] == keys[2] != keys[1] and any(r is alias for r in reads)
+        # As is one beside a value read before, where a value of its size is among them.
+        reads.clear()
+        twin = jax.make_array_from_single_device_arrays(x.shape, x.sharding, list(x._arrays))
+        again, _ = _buffers.fed_back_keys([*fed, x, twin], fresh, beside)
+        assert again[2] == again[3] and any(r is twin for r in reads)
     finally:
         _buffers._buffer_key = original
 

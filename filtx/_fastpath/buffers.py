@@ -99,17 +99,22 @@ def fed_back_keys(values: list, fresh: set, beside: tuple | None) -> tuple[list 
     values of ids in `fresh` are outputs of a call fed back (`_fastpath.reuse.fresh_leaves`).
 
     No other array held their buffers when they were returned, so only an array
-    made since from their shards can share one: they are keyed by id. The other
+    made since from their shards can share one: they are keyed by id. Arrays
+    over one buffer have its byte size as their shards' size, so a value whose
+    shard size no other value has shares no buffer: keyed by id, unread (an
+    output fed back inside a tuple, which records cannot hold, such as Adam's
+    step count, is one: reading a pending output's buffers waits until its call
+    starts, which a pipelined loop's next dispatch must not do). The other
     values are read, and a fresh one too where its shards are of a byte size
     one of theirs is, unless it is still being computed and every other value
     of that size is ready: arrays over one buffer are ready together, so none
-    of those stands on it. (Reading a pending output's buffers waits until its
-    call starts running, which a pipelined loop's next dispatch must not do:
-    an FSDP step whose batch shards had its weights' size read 1.14x its floor.)
+    of those stands on it. (Reading Adam's pending count each call made the
+    layouts study's FSDP step 1.14x its floor, every other way 1.04-1.07x.)
     `beside` holds `(weak reference, key)` of other values
     already read at a call before the one that returned the fresh values (so
     made before them, sharing none of their buffers; an array's buffers never
-    change): where every other value is one of them, nothing is read at all.
+    change): where every other value is one of them, or of a shard size no
+    other value has, nothing is read at all.
     The `beside` returned is that of this call's other values, for the records
     of its outputs (None where one cannot be held weakly)."""
     ids = list(map(id, values))
@@ -117,25 +122,22 @@ def fed_back_keys(values: list, fresh: set, beside: tuple | None) -> tuple[list 
     other_at = list(compress(range(len(ids)), map(not_, is_fresh)))
     others = [values[i] for i in other_at]
     if beside is not None:
-        known = {}
-        for ref, key in beside:
-            obj = ref()
-            if obj is not None:
-                known[id(obj)] = (obj, key)
-        hits = [known.get(id(x)) for x in others]
-        if all(hit is not None and hit[0] is x for hit, x in zip(hits, others)):  # checked together before
+        found = _beside_keys(values, others, beside)
+        if found is not None:
+            known, held = found
             keys = list(map(invert, ids))  # a fresh value's key: -id - 1, never an address
-            for i, hit in zip(other_at, hits):
-                keys[i] = hit[1]
-            return keys, beside
+            for i, key in zip(other_at, known):
+                keys[i] = key
+            return keys, held
     if any(isinstance(x, jax.core.Tracer) for x in others):
         return None, None
+    alone = _alone(values) if others else set()
     sizes: set = set()
-    read_keys = [_buffer_key(x, sizes) for x in others]
+    read_keys = [-id(x) - 1 if id(x) in alone else _buffer_key(x, sizes) for x in others]
     read = iter(read_keys)
     if sizes:
         sizes.add(None)  # a size that cannot be told: read its shards
-        pending = _pending_sizes(others)  # asked before the fresh values: readiness only goes one way
+        pending = _pending_sizes([x for x in others if id(x) not in alone])  # asked before the fresh values
         keyed: dict = {}  # a value at two positions keyed once (its shards' readiness may change between)
         for x, f in zip(values, is_fresh):
             if f and id(x) not in keyed:
@@ -144,11 +146,56 @@ def fed_back_keys(values: list, fresh: set, beside: tuple | None) -> tuple[list 
     else:
         keys = [-id(x) - 1 if f else next(read) for x, f in zip(values, is_fresh)]  # never an address
     _check_partial_aliasing(keys)
+    return keys, _held(others, read_keys)
+
+
+def _held(others: list, keys: list) -> tuple | None:
     try:
-        held = tuple(zip(map(weakref.ref, others), read_keys))
+        return tuple(zip(map(weakref.ref, others), keys))
     except TypeError:  # a value that takes no weak reference (a NumPy scalar)
-        held = None
-    return keys, held
+        return None
+
+
+def _alone(values: list) -> set:
+    """The ids of the `jax.Array`s among `values` whose shard byte size no other
+    value has (by identity: a value at two positions is one): none of them
+    stands on another's buffers."""
+    first: dict = {}  # shard size -> the id of the first value of that size, or None once a second has it
+    seen: set = set()
+    for x in values:
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        size = _shard_bytes(x)
+        if size is None:  # not an array whose size can be told: it could stand on anything's
+            if type(x) is not _ARRAY and not isinstance(x, jax.Array):
+                continue  # NumPy arrays and Python scalars are copied in: they share nothing
+            return set()
+        first[size] = id(x) if size not in first else None
+    return {i for i in first.values() if i is not None}
+
+
+def _beside_keys(values: list, others: list, beside: tuple) -> tuple | None:
+    """`(keys of others, beside to hold)` without reading, where every other value
+    is in `beside` or shares its shard size with no value; else None."""
+    known = {}
+    for ref, key in beside:
+        obj = ref()
+        if obj is not None:
+            known[id(obj)] = (obj, key)
+    hits = [known.get(id(x)) for x in others]
+    if all(hit is not None and hit[0] is x for hit, x in zip(hits, others)):  # checked together before
+        return [hit[1] for hit in hits], beside
+    alone = _alone(values)
+    keys = []
+    for hit, x in zip(hits, others):
+        if hit is not None and hit[0] is x:
+            keys.append(hit[1])
+        elif id(x) in alone:
+            keys.append(-id(x) - 1)
+        else:
+            return None
+    return keys, _held(others, keys)
 
 
 def _pending_sizes(others: list) -> set:
