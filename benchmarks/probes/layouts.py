@@ -52,13 +52,14 @@ device within 1 % of the count from the shardings.
 
 What filtx adds is a cost per call, so the ratio to the floor depends on the
 step's length: at `--quick`'s width 64 (steps of about 1 ms here) every way
-reads 1.3-1.5x. The batch and the width are equal (256), so under FSDP a
-weight's shard and the batch's shard have the same size: until be692ff
-filtx read the buffers of each fed-back weight every call there
-(`filtx/_fastpath/buffers.py`, `fed_back_keys`), which waits for the call
-that makes it to start. It no longer does; the FSDP rows still read 1.11-1.14x
-(2026-12-05-b), and in one process 1.08x at a batch of 192, 1.11-1.16x at 256
-and 1.07x at 320 (the section says what was measured).
+reads 1.3-1.5x. The FSDP rows read 1.11-1.14x until 1869779 (2026-12-05-b), every other way
+1.04-1.07x: each call read the buffer of Adam's step count, which a step
+returns inside a tuple (no record holds it, so it was not known as fed back),
+while the call that made it was still pending, which waits until that call
+starts; in one process that was 242 us a call for FSDP, 124 us for
+data-parallel (be692ff had stopped reading the weights, of the batch's shard
+size here, without moving the row). A value of a shard size no other value has
+is no longer read (2026-12-06: FSDP 1.051x and 1.031x, the others 1.025-1.050x).
 
 Answered in: `docs/layouts.md#which-layout` (the guide), from the section
 of `docs/benchmarks.md` that `benchmarks/results/layouts/` renders to.
