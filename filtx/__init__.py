@@ -50,7 +50,8 @@ owns, its words, and what it may import.
   - `export`: `jax.export` over whole pytrees, and `call_exported`
   - `pickling`: wrappers pickled as the public call that made them
   - `typing`: the wrappers' static types
-  - `sharding`: shardings per leaf, read against a mesh, checked by path
+  - `sharding`: shardings per leaf, read against a mesh, checked by path; arguments
+    not placed yet that in_shardings splits over Explicit axes (`ReplicatedArgumentWarning`)
   - `per_shard`: `jax.jit(jax.shard_map(...))`, what filter_shard_map and filter_pmap share
   - `hosts`: filter_pmap's devices, and its conversions under several processes
   - `mapped`: what the mapped transforms share
@@ -76,6 +77,7 @@ from ._core.donation import UnusableDonationWarning
 from ._core.eqx_errors import block_until_ready
 from ._core.mutation import MutatedArgumentWarning
 from ._core.reductions import InvariantReductionWarning
+from ._transforms.sharding import ReplicatedArgumentWarning
 from ._core.roles import donate, if_array, static, traced
 from ._core.share import SharingPattern, reshare, unshare
 from ._transforms.export import call_exported
@@ -154,6 +156,7 @@ __all__ = [
     "CapacityRow",
     "MutatedArgumentWarning",
     "InvariantReductionWarning",
+    "ReplicatedArgumentWarning",
     "block_until_ready",
     "call_exported",
     "explain",

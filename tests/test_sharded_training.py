@@ -157,7 +157,9 @@ def test_an_fsdp_loop_reads_no_buffers_once_its_batch_was_read(monkeypatch):
         if k == 0:  # the first call reads every value (none is known as an output yet)
             reads.clear()
         if k == 1:
-            assert reads and all(v is x or v is y for v in reads)  # the first fed-back call: the batch alone
+            # the first fed-back call reads the batch (and, where their call had ended, outputs
+            # of its shard size: a ready output could stand on a ready batch's buffers)
+            assert any(v is x for v in reads) and any(v is y for v in reads)
             reads.clear()
     assert reads == []
     assert np.isfinite(float(loss))

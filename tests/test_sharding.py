@@ -336,3 +336,74 @@ def test_filter_vmap_over_a_batch_split_on_an_explicit_axis_inside_filter_jit():
     out = filtx.filter_jit(step)(model, batch)
     assert trimmed(jax.typeof(out).sharding.spec) == P("data") and out.shape == (N, 2)
     np.testing.assert_allclose(np.asarray(out), np.asarray(jax.vmap(model)(np.ones((N, 8), np.float32))), rtol=1e-6)
+
+
+# ---------------------------------------------------------------------------
+# A batch not placed yet that in_shardings splits over Explicit axes
+
+
+def _mlp_step():
+    def step(w, x):
+        h = x
+        for _ in range(3):
+            h = jnp.tanh(h @ w)
+        return jnp.mean(h)
+
+    return step
+
+
+@pytest.mark.parametrize("kind", ["explicit", "mixed", "auto"])
+def test_a_numpy_batch_split_over_explicit_axes_warns_by_path_and_runs_as_jax_jit_does(kind):
+    # jax.jit types an argument by the argument: a NumPy batch under in_shardings P("data")
+    # is moved there, but the step sees it replicated and every device computes all of it.
+    import warnings
+
+    mesh = make_mesh(kind)
+    w = np.eye(16, dtype=np.float32) * 0.5
+    x = np.random.default_rng(0).normal(size=(8 * len(jax.devices()), 16)).astype(np.float32)
+    step = filtx.filter_jit(_mlp_step(), mesh=mesh, in_shardings={"w": P(), "x": P("data")})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        unplaced = step(w, x)
+        placed = step(filtx.filter_shard(w, P(), mesh=mesh), filtx.filter_shard(x, P("data"), mesh=mesh))
+    said = [w for w in caught if w.category is filtx.ReplicatedArgumentWarning]
+    if kind == "auto":  # the compiler follows in_shardings on Auto axes: nothing to say
+        assert said == []
+    else:
+        (warning,) = said  # the NumPy call's trace; the placed call's says nothing
+        assert "args[1]" in str(warning.message) and "args[0]" not in str(warning.message)
+        assert "filtx.filter_shard(x, P('data'), mesh=mesh)" in str(warning.message)
+        assert warning.filename == __file__  # at the user's function
+    # As jax.jit runs it: the same value, the unplaced trace replicated over the Explicit axis.
+    reference = jax.jit(_mlp_step(), in_shardings=(NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))))
+    np.testing.assert_allclose(float(unplaced), float(reference(w, x)), rtol=1e-6)
+    np.testing.assert_allclose(float(placed), float(unplaced), rtol=1e-5)
+
+
+def test_shapes_carrying_their_sharding_compile_what_the_placed_call_compiles():
+    import warnings
+
+    mesh = make_mesh("explicit")
+    n = len(jax.devices())
+    w = filtx.filter_shard(np.eye(16, dtype=np.float32), P(), mesh=mesh)
+    x = filtx.filter_shard(np.ones((64 * n, 16), np.float32), P("data"), mesh=mesh)
+    step = filtx.filter_jit(_mlp_step(), mesh=mesh, in_shardings={"w": P(), "x": P("data")})
+    concrete = step.lower(w, x).compile().memory_analysis()
+    with_sharding = jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
+    without = jax.ShapeDtypeStruct(x.shape, x.dtype)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        placed = step.lower(w, with_sharding).compile().memory_analysis()
+        assert not [c for c in caught if c.category is filtx.ReplicatedArgumentWarning]
+        unplaced = step.lower(w, without).compile().memory_analysis()
+        (warning,) = [c for c in caught if c.category is filtx.ReplicatedArgumentWarning]
+    assert "args[1] (float32[" in str(warning.message)
+    assert placed.temp_size_in_bytes == concrete.temp_size_in_bytes
+    assert unplaced.temp_size_in_bytes > placed.temp_size_in_bytes  # the batch computed whole on each device
+    # Users may make it an error.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", filtx.ReplicatedArgumentWarning)
+        fresh = filtx.filter_jit(_mlp_step(), mesh=mesh, in_shardings={"w": P(), "x": P("data")})
+        with pytest.raises(filtx.ReplicatedArgumentWarning, match=r"args\[1\]"):
+            fresh(np.asarray(w), np.asarray(x))
+        assert float(fresh(w, x)) == pytest.approx(float(step(w, x)))  # a placed call still runs

@@ -61,6 +61,14 @@ data-parallel (be692ff had stopped reading the weights, of the batch's shard
 size here, without moving the row). A value of a shard size no other value has
 is no longer read (2026-12-06: FSDP 1.051x and 1.031x, the others 1.025-1.050x).
 
+The capacity jobs give `compare_capacity` shapes carrying the shardings the
+timed loop places its arrays with. Until 2026-12-06-b the batch's carried
+none: it stood for a NumPy batch, which `jax.jit` types replicated on an
+Explicit axis (every device computing all of it: 51.4 MiB of temporaries per
+device at a batch of 6544 instead of 11.4), so the two `filter_jit` ways read
+a third of the per-device ways' largest batch. filtx now warns there
+(`filtx.ReplicatedArgumentWarning`).
+
 Answered in: `docs/layouts.md#which-layout` (the guide), from the section
 of `docs/benchmarks.md` that `benchmarks/results/layouts/` renders to.
 """
@@ -201,7 +209,8 @@ class Setup:
 
     def arguments(self, way: str, width: int, batch: int, abstract: bool = False):
         """`((model, opt_state), x, y)` for `way`, laid out as its step takes
-        them (abstract: `jax.ShapeDtypeStruct`s, placed by nothing)."""
+        them (abstract: `jax.ShapeDtypeStruct`s carrying the shardings the
+        timed loop places them with)."""
         import equinox as eqx
         import jax
         import jax.numpy as jnp
@@ -225,8 +234,12 @@ class Setup:
             params = jax.device_put(jax.tree_util.tree_map(lambda a: np.stack([np.asarray(a)] * self.n), params), split)
             x = jax.device_put(np.random.default_rng(0).standard_normal(shape, dtype=np.float32), split)
             return eqx.combine(params, static), x, x + 1
-        if abstract:
-            x = jax.ShapeDtypeStruct((batch, width), jnp.float32)
+        if abstract:  # placed as the loop places them: a shape without a sharding is a NumPy array, typed replicated
+            spec = self.spec(way)
+            state = jax.tree_util.tree_map(
+                lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=NamedSharding(
+                    self.mesh, spec(s) if callable(spec) else spec)) if isinstance(s, jax.ShapeDtypeStruct) else s, state)
+            x = jax.ShapeDtypeStruct((batch, width), jnp.float32, sharding=NamedSharding(self.mesh, P(AXIS)))
             return state, x, x
         x = jax.device_put(np.random.default_rng(0).standard_normal((batch, width), dtype=np.float32),
                            NamedSharding(self.mesh, P(AXIS)))

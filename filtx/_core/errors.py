@@ -8,6 +8,7 @@ from __future__ import annotations
 import difflib
 import inspect
 import re
+import warnings
 from itertools import compress
 from typing import Any
 
@@ -161,6 +162,24 @@ def mutated_argument_message(paths: list[str], transform: str, name: str) -> str
 
 _DYNAMIC_NAME = re.compile(r"dynamic\[(\d+)\]")
 
+
+
+def warn_at_function(message: str, category: type, source: Any) -> None:
+    """Warn `message` at the user's function `source` (its `def` line): the
+    frames above a trace or a compile are JAX's and filtx's machinery."""
+    code = getattr(source, "__code__", None)
+    if code is None:
+        warnings.warn(message, category, stacklevel=3)
+        return
+    module_globals = getattr(source, "__globals__", None)
+    if module_globals is not None and not (
+        module_globals.get("__loader__") or getattr(module_globals.get("__spec__"), "loader", None)
+    ):
+        module_globals = None  # Python 3.12 refuses globals without a loader (code run by exec)
+    warnings.warn_explicit(
+        message, category, code.co_filename, code.co_firstlineno,
+        module=getattr(source, "__module__", None), module_globals=module_globals,
+    )
 
 def rename_dynamic(error: BaseException, paths: list[str]) -> None:
     """Put the user's paths where a JAX error names filtx's flat arguments

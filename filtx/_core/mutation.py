@@ -10,13 +10,12 @@ once per trace, after the function returns, and said by path with a
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from typing import Any
 
 import jax
 
-from .errors import call_leaf_paths, mutated_argument_message
+from .errors import call_leaf_paths, mutated_argument_message, warn_at_function
 
 __all__ = ["MutatedArgumentWarning", "warn_if_changed"]
 
@@ -69,19 +68,7 @@ def warn_if_changed(root: Any, passed: tuple, treedef: Any, transform: str, name
     else:
         changed = [p for p, a, b in zip(before_paths, after, passed) if not _same_leaf(a, b)]
     message = mutated_argument_message(_outermost(changed), transform, name)
-    code = getattr(source, "__code__", None)
-    if code is None:
-        warnings.warn(message, MutatedArgumentWarning, stacklevel=2)
-    else:  # at the user's function: the frames above are JAX's tracing machinery
-        module_globals = getattr(source, "__globals__", None)
-        if module_globals is not None and not (
-            module_globals.get("__loader__") or getattr(module_globals.get("__spec__"), "loader", None)
-        ):
-            module_globals = None  # Python 3.12 refuses globals without a loader (code run by exec)
-        warnings.warn_explicit(
-            message, MutatedArgumentWarning, code.co_filename, code.co_firstlineno,
-            module=getattr(source, "__module__", None), module_globals=module_globals,
-        )
+    warn_at_function(message, MutatedArgumentWarning, source)
 
 
 def _outermost(paths: list[str]) -> list[str]:

@@ -22,7 +22,7 @@ from .._core.errors import SpecError, output_path
 from .._base.jax_compat import refused_aliasing
 from .sharding import (
     OUT_SHARDINGS, SHARDINGS, ambient_concrete_mesh, check_mesh, misplaced_error, misplaced_shape_error, place, placed,
-    under_mesh,
+    checking_argument_types, show, split_axes, under_mesh,
 )
 from .._core.share import unique_donation
 from .typing import Jitted
@@ -126,6 +126,11 @@ class _JitWrapper(AheadOfTime, Wrapper):
         placing = {} if plan.axes is None else {"in_shardings": self._in_shardings(split)}
         form = OutputForm()  # the compiled calls return their arrays alone
         flat = flat_function(split, body, self.name, self.transform, self.source, donation, form)
+        split_over = split_axes(placing.get("in_shardings", ()), mesh)
+        if split_over:  # an argument passed not placed yet is typed replicated: said when traced
+            paths = unique_paths(split.root, split.plan, split.pattern)
+            shown = [show(v) for v in split.plan.unique_placements(split.pattern)]
+            flat = checking_argument_types(flat, split_over, paths, shown, self.source)
 
         def make(argnums: tuple) -> Callable:
             return jax.jit(flat, donate_argnums=argnums, **placing, **self._jitkwargs)

