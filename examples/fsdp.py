@@ -116,6 +116,8 @@ def train(*, epochs=10, steps_per_epoch=8, batch_size=64, learning_rate=1e-2, se
         start = time.perf_counter()
         epoch_losses = []
         for x, y in iterate_batches(dataset, batch_size, rng=rng):
+            # placed split along `data` first: a NumPy batch would be computed whole on every device
+            x, y = filtx.filter_shard((x, y), P(DATA), mesh=mesh)
             model, opt_state, loss = step(model, opt_state, x, y)
             epoch_losses.append(loss)
             bounded(epoch_losses)

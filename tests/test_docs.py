@@ -190,6 +190,7 @@ def run_example(example: Example, page: pathlib.Path, namespace: dict) -> None:
 
 
 @pytest.mark.parametrize("page", pages_with_code(), ids=lambda p: p.name)
+@pytest.mark.filterwarnings("error::filtx.ReplicatedArgumentWarning")  # pages place their batches
 def test_page_code_runs(page: pathlib.Path):
     # A real (registered) module, so that classes defined on the page behave as
     # in a script: dataclasses and Equinox look their module up by name.

@@ -13,6 +13,9 @@ import numpy as np
 import pytest
 
 pytestmark = pytest.mark.e2e  # the example scripts, trained as a user runs them: a CI step of its own (`pytest -m e2e`)
+# and placing their batches as the sharding guide says (a NumPy batch split over an
+# Explicit axis would be computed whole on every device)
+pytestmark = [pytestmark, pytest.mark.filterwarnings("error::filtx.ReplicatedArgumentWarning")]
 
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
 
