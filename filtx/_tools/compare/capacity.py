@@ -20,7 +20,7 @@ from ..._core.errors import keystr
 from ..._transforms.lowering import stand_ins
 from ..._transforms.wrapper import as_pytree
 from ..donation_report import donation_report
-from .capacity_result import CapacityComparison, CapacityRow
+from .capacity_result import CPU_HEADROOM_BYTES, CapacityComparison, CapacityRow
 from .counting import Counting, Sizes, check_signature, loop_bytes
 from .device_check import device_check
 from .donation import quiet_donation_warnings
@@ -37,10 +37,9 @@ from .timing import check_samples, check_timing
 __all__ = ["compare_capacity", "loop_bytes", "MARGIN", "CPU_HEADROOM", "CPU_HEADROOM_BYTES"]
 
 MARGIN = 0.05  # of the device's own bytes_limit, kept free when no limit= is given
-# On CPU, the fraction of limit= kept free by default, and at least these bytes
+# On CPU, the fraction of limit= kept free by default, and at least CPU_HEADROOM_BYTES
 # (the donation guide's "What fits per mode" has the measurements).
 CPU_HEADROOM = 0.35
-CPU_HEADROOM_BYTES = 320 * 2**20
 
 
 def compare_capacity(

@@ -10,6 +10,8 @@ from typing import Any
 
 from .result import format_bytes, table_lines
 
+CPU_HEADROOM_BYTES = 320 * 2**20  # the least headroom compare_capacity keeps on CPU: what a process holds beyond its step
+
 __all__ = ["CapacityRow", "CapacityComparison"]
 
 
@@ -277,6 +279,14 @@ class CapacityComparison:
         if self.headroom:
             notes.append(f"headroom: {self.headroom:.0%} of the limit kept free, so loop peaks stay under "
                          f"{format_bytes(int(self.limit * (1 - self.headroom)))}")
+            devices = max((r.devices for r in self.rows), default=1)
+            kept = int(self.limit * self.headroom) * devices
+            if self.headroom >= 0.5 and kept < CPU_HEADROOM_BYTES:
+                notes.append(
+                    f"  on CPU, that leaves {format_bytes(kept)} of the process free ({devices} device"
+                    f"{'s' if devices != 1 else ''}), less than the {format_bytes(CPU_HEADROOM_BYTES)} a "
+                    f"fresh process was measured to hold beyond its step: at so small a limit a real loop may "
+                    f"come near it or over (verify=True runs one, where the step pickles)")
         if self.arguments:
             width = max(len(path) for path, _ in self.arguments)
             notes.append("arguments:")
