@@ -388,7 +388,9 @@ def test_shapes_carrying_their_sharding_compile_what_the_placed_call_compiles():
     w = filtx.filter_shard(np.eye(16, dtype=np.float32), P(), mesh=mesh)
     x = filtx.filter_shard(np.ones((64 * n, 16), np.float32), P("data"), mesh=mesh)
     step = filtx.filter_jit(_mlp_step(), mesh=mesh, in_shardings={"w": P(), "x": P("data")})
-    concrete = step.lower(w, x).compile().memory_analysis()
+    lowered = step.lower(w, x)
+    assert lowered.as_text().startswith("module @jit_step")  # the check names the program as the step
+    concrete = lowered.compile().memory_analysis()
     with_sharding = jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
     without = jax.ShapeDtypeStruct(x.shape, x.dtype)
     with warnings.catch_warnings(record=True) as caught:

@@ -11,6 +11,7 @@ Explicit axes, a sharding constraint on Auto ones.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
 import jax
@@ -370,7 +371,7 @@ def checking_argument_types(flat: Callable, split: list, paths: list, shown: lis
                              ReplicatedArgumentWarning, source)
         return flat(*args)
 
-    return checked
+    return functools.update_wrapper(checked, flat)  # JAX names the program after it
 
 
 def _replicated_message(found: list) -> str:
