@@ -100,7 +100,9 @@ def fed_back_keys(values: list, fresh: set, beside: tuple | None) -> tuple[list 
 
     No other array held their buffers when they were returned, so only an array
     made since from their shards can share one: they are keyed by id. Arrays
-    over one buffer have its byte size as their shards' size, so a value whose
+    over one buffer have its byte size as their shards' size (an array made on
+    CPU from a NumPy view of another's memory need not, but JAX does not donate
+    a buffer a view holds), so a value whose
     shard size no other value has shares no buffer: keyed by id, unread (an
     output fed back inside a tuple, which records cannot hold, such as Adam's
     step count, is one: reading a pending output's buffers waits until its call
