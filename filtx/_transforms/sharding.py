@@ -303,7 +303,7 @@ class ReplicatedArgumentWarning(UserWarning):
     the argument, not by `in_shardings`: the call moves the array where
     `in_shardings` says, but the step sees it replicated, so every device
     computes all of it (an 8-layer 512-wide tanh MLP over a batch of 8192 on 4
-    CPU devices: 4.1x the time of the placed batch, on JAX 0.10.2 and 0.12.0).
+    CPU devices: 4.1x the time of the placed batch on JAX 0.10.2, 4.7x on 0.12.0).
     On Auto axes the compiler follows `in_shardings`, and nothing is said.
     Place the batch before the call (`filtx.filter_shard(x, P("data"),
     mesh=mesh)` or `jax.device_put`); or make the warning an error with
