@@ -123,17 +123,24 @@ def fed_back_keys(values: list, fresh: set, beside: tuple | None) -> tuple[list 
     is_fresh = list(map(fresh.__contains__, ids))
     other_at = list(compress(range(len(ids)), map(not_, is_fresh)))
     others = [values[i] for i in other_at]
+    alone = None
     if beside is not None:
-        found = _beside_keys(values, others, beside)
-        if found is not None:
-            known, held = found
+        hits = _beside_hits(others, beside)
+        if all(hits):  # checked together before
+            known, held = [hit[1] for hit in hits], beside
+        else:  # a value not read before, of a shard size no other value has, is keyed by id too
+            alone = _alone(values)
+            known = [hit[1] if hit else -id(x) - 1 if id(x) in alone else None for hit, x in zip(hits, others)]
+            held = None if None in known else _held(others, known)
+        if None not in known:
             keys = list(map(invert, ids))  # a fresh value's key: -id - 1, never an address
             for i, key in zip(other_at, known):
                 keys[i] = key
             return keys, held
     if any(isinstance(x, jax.core.Tracer) for x in others):
         return None, None
-    alone = _alone(values) if others else set()
+    if alone is None:
+        alone = _alone(values) if others else set()
     sizes: set = set()
     read_keys = [-id(x) - 1 if id(x) in alone else _buffer_key(x, sizes) for x in others]
     read = iter(read_keys)
@@ -177,27 +184,15 @@ def _alone(values: list) -> set:
     return {i for i in first.values() if i is not None}
 
 
-def _beside_keys(values: list, others: list, beside: tuple) -> tuple | None:
-    """`(keys of others, beside to hold)` without reading, where every other value
-    is in `beside` or shares its shard size with no value; else None."""
+def _beside_hits(others: list, beside: tuple) -> list:
+    """Per other value, its `(value, key)` in `beside`, or None where it is not there."""
     known = {}
     for ref, key in beside:
         obj = ref()
         if obj is not None:
             known[id(obj)] = (obj, key)
     hits = [known.get(id(x)) for x in others]
-    if all(hit is not None and hit[0] is x for hit, x in zip(hits, others)):  # checked together before
-        return [hit[1] for hit in hits], beside
-    alone = _alone(values)
-    keys = []
-    for hit, x in zip(hits, others):
-        if hit is not None and hit[0] is x:
-            keys.append(hit[1])
-        elif id(x) in alone:
-            keys.append(-id(x) - 1)
-        else:
-            return None
-    return keys, _held(others, keys)
+    return [hit if hit is not None and hit[0] is x else None for hit, x in zip(hits, others)]
 
 
 def _pending_sizes(others: list) -> set:

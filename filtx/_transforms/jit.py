@@ -123,14 +123,14 @@ class _JitWrapper(AheadOfTime, Wrapper):
 
         donate_argnums = tuple(i for i, d in enumerate(donated) if d)
         donation = (self._mode, list(donated)) if donate_argnums else None
-        placing = {} if plan.axes is None else {"in_shardings": self._in_shardings(split)}
+        placing, check = {}, None
+        if plan.axes is not None:
+            shardings, check = self._in_shardings(split)
+            placing = {"in_shardings": shardings}
         form = OutputForm()  # the compiled calls return their arrays alone
         flat = flat_function(split, body, self.name, self.transform, self.source, donation, form)
-        split_over = split_axes(placing.get("in_shardings", ()), mesh)
-        if split_over:  # an argument passed not placed yet is typed replicated: said when traced
-            paths = unique_paths(split.root, split.plan, split.pattern)
-            shown = [show(v) for v in split.plan.unique_placements(split.pattern)]
-            flat = checking_argument_types(flat, split_over, paths, shown, self.source)
+        if check is not None:  # an argument passed not placed yet is typed replicated: said when traced
+            flat = check(flat)
 
         def make(argnums: tuple) -> Callable:
             return jax.jit(flat, donate_argnums=argnums, **placing, **self._jitkwargs)
@@ -148,13 +148,20 @@ class _JitWrapper(AheadOfTime, Wrapper):
         )
 
     def _in_shardings(self, split: Split) -> tuple:
-        """The sharding of every unique dynamic value, checked on this call's leaves."""
+        """The sharding of every unique dynamic value, checked on this call's leaves;
+        and, where one splits its value over Explicit axes, what wraps the traced
+        function to check the values' types (`checking_argument_types`), else None."""
         values = split.plan.unique_placements(split.pattern)
         if all(v is None for v in values):
-            return values
+            return values, None
         paths = unique_paths(split.root, split.plan, split.pattern)
         leaves = split.dynamic if split.pattern is None else [split.dynamic[i] for i in first_positions(split.pattern)]
-        return tuple(placed(v, self._mesh, p, x) for v, p, x in zip(values, paths, leaves))
+        targets = tuple(placed(v, self._mesh, p, x) for v, p, x in zip(values, paths, leaves))
+        split_over = split_axes(targets, self._mesh)
+        if not split_over:
+            return targets, None
+        shown, source = [show(v) for v in values], self.source
+        return targets, lambda flat: checking_argument_types(flat, split_over, paths, shown, source)
 
 
 class _BesideRefs:

@@ -30,7 +30,7 @@ from .._base.jax_compat import is_committed, top_level
 from .._core.outputs import flattened
 from .._core.reductions import call_checking_reductions
 from .._core.roles import is_ref
-from .sharding import axis_kinds, entries, place
+from .sharding import axis_kinds, entries, explicit_axes, place
 
 __all__: list[str] = []
 
@@ -116,9 +116,9 @@ class PerShard:
         target, have = self.shardings[i], x.sharding
         if have.device_set != target.device_set:
             return False
-        if _explicit_axes(target.mesh, target.spec):
+        if explicit_axes(target.mesh, target.spec):
             return False
-        return not (isinstance(have, NamedSharding) and _explicit_axes(have.mesh, have.spec))
+        return not (isinstance(have, NamedSharding) and explicit_axes(have.mesh, have.spec))
 
     def moved(self, xs: tuple, positions: list, donate_argnums: tuple) -> tuple:
         """The inputs with those at `positions` (see `misplaced`) moved where the call
@@ -134,14 +134,6 @@ class PerShard:
             if donated:
                 old.delete()
         return tuple(xs)
-
-
-def _explicit_axes(mesh: Any, spec: Any) -> frozenset:
-    """The Explicit axes of `mesh` that `spec` names."""
-    named = set()
-    for entry in entries(spec):
-        named.update(entry if isinstance(entry, tuple) else (entry,))
-    return axis_kinds(mesh)[0] & named
 
 
 def _same_sharding(x: Any, sharding: Any) -> bool:

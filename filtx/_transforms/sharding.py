@@ -74,6 +74,16 @@ def entries(spec: PartitionSpec) -> tuple:
     return tuple(spec._partitions) if hasattr(spec, "_partitions") else tuple(spec)
 
 
+def spec_names(spec: PartitionSpec) -> frozenset:
+    """The mesh axis names `spec` splits over."""
+    return frozenset(n for e in entries(spec) for n in (e if isinstance(e, tuple) else (e,)) if n is not None)
+
+
+def explicit_axes(mesh: Any, spec: PartitionSpec) -> frozenset:
+    """The Explicit axes of `mesh` that `spec` names."""
+    return axis_kinds(mesh)[0] & spec_names(spec)
+
+
 def _reduced(spec: PartitionSpec) -> bool:
     return bool(getattr(spec, "unreduced", None) or getattr(spec, "reduced", None))
 
@@ -332,7 +342,7 @@ class ReplicatedArgumentWarning(UserWarning):
     """
 
 
-def split_axes(targets: tuple, mesh: Any) -> list[tuple[int, tuple]]:
+def split_axes(targets: tuple, mesh: Any) -> list[tuple[int, frozenset]]:
     """`(position, Explicit axes)` of each target (one per flat argument: a
     PartitionSpec read against `mesh` or the mesh in context, a Sharding or
     None) that splits its argument over Explicit mesh axes."""
@@ -344,10 +354,7 @@ def split_axes(targets: tuple, mesh: Any) -> list[tuple[int, tuple]]:
             where, spec = target.mesh, target.spec
         else:
             continue
-        if where is None:
-            continue
-        explicit = axis_kinds(where)[0]
-        axes = tuple(n for e in entries(spec) for n in (e if isinstance(e, tuple) else (e,)) if n in explicit)
+        axes = None if where is None else explicit_axes(where, spec)
         if axes:
             found.append((i, axes))
     return found
@@ -363,8 +370,7 @@ def checking_argument_types(flat: Callable, split: list, paths: list, shown: lis
         missing = []
         for i, axes in split:
             spec = getattr(jax.typeof(args[i]).sharding, "spec", None)
-            have = {n for e in (entries(spec) if spec is not None else ()) for n in (e if isinstance(e, tuple) else (e,))}
-            if not set(axes) <= have:
+            if not axes <= (spec_names(spec) if spec is not None else frozenset()):
                 missing.append(i)
         if missing:
             warn_at_function(_replicated_message([(paths[i], args[i], shown[i]) for i in missing]),
