@@ -74,13 +74,17 @@ from __future__ import annotations
 
 import collections
 import threading
+import warnings
 import weakref
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-__all__ = ["InFlight", "check_max_in_flight", "in_flight_of"]
+from .._base.arrays import is_ref
+
+__all__ = ["InFlight", "InFlightWarning", "check_max_in_flight", "in_flight_of"]
 
 
 def check_max_in_flight(value: Any, transform: str) -> None:
@@ -95,35 +99,56 @@ def check_max_in_flight(value: Any, transform: str) -> None:
         )
 
 
-def _token(x: Any) -> jax.Array:
-    # `x` is unused, kept (`keep_unused`) so that the program runs only once it is defined.
-    del x
+def _token(*xs: Any) -> jax.Array:
+    # `xs` are unused, kept (`keep_unused`) so that the program runs only once they are defined.
+    del xs
     return jnp.zeros((), jnp.bool_)
 
 
 _token.__name__ = _token.__qualname__ = "filtx_in_flight_token"
 _TOKEN = jax.jit(_token, keep_unused=True)
+# No mesh at all: what the token's program is dispatched under where the
+# placement around the call refused it (`jax.set_mesh(None)` from JAX 0.8 only).
+_NO_MESH = jax.sharding.Mesh(np.empty((), dtype=object), ())
 
-_NOTHING = -1  # an entry whose calls make no array to take a token of
+_NOTHING = -1  # an entry whose calls make no array and take no Ref: nothing ran that can be waited on
+
+
+class InFlightWarning(RuntimeWarning):
+    """The bound could not dispatch a call's token, so it waited for that call
+    before returning it (its outputs are returned all the same). Made an
+    error (`warnings.simplefilter("error", ...)`), it is raised by the next
+    bounded call of the same compile state, before that call dispatches."""
 
 
 class InFlight:
     """The calls still running, as far as the bound knows, of the wrappers that
     share one compile state: `tokens`, one per call dispatched and not yet
     waited on, oldest first; `lock`, held by a bounded call from its wait to
-    its token's dispatch; `made`, per entry, which of its outputs the token
-    takes (`_NOTHING` where none)."""
+    its token's dispatch; `made`, per entry, what its token takes: the index
+    of the output a call makes, a tuple of the positions of the Refs it takes
+    (`jax.Ref`s the call may have written), or `_NOTHING`; `outside`, whether a
+    token's program was refused where the call ran (its tokens are then
+    dispatched outside any mesh); `warned`, whether `InFlightWarning` was
+    given; `pending`, that warning where the user made it an error (raised by
+    the next call's wait)."""
 
-    __slots__ = ("tokens", "lock", "made", "__weakref__")
+    __slots__ = ("tokens", "lock", "made", "outside", "warned", "pending", "__weakref__")
 
     def __init__(self):
         self.tokens: collections.deque = collections.deque()
         self.lock = threading.RLock()
         self.made: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self.outside = False
+        self.warned = False
+        self.pending: Exception | None = None
 
     def wait(self, limit: int) -> None:
         """Wait until at most `limit` earlier calls are unfinished (the caller
-        holds `lock`)."""
+        holds `lock`); first raise an `InFlightWarning` the user made an error."""
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            raise pending
         tokens = self.tokens
         while len(tokens) > limit:
             token = tokens.popleft()
@@ -135,33 +160,94 @@ class InFlight:
     def record(self, arrays: list, entry: Any, dynamic: list) -> None:
         """Dispatch the token of the call that returned `arrays` (the flat list
         of its arrays; any other pytree of them is flattened) for `entry` on
-        `dynamic` (the caller holds `lock`)."""
-        if type(arrays) is not list:
-            arrays = jax.tree_util.tree_leaves(arrays)
-        index = self.made.get(entry)
-        if index is None:
-            if not arrays or not _concrete(arrays[0]):  # under another transform's trace: nothing ran
-                return
-            index = self.made[entry] = _made_by_the_call(arrays, dynamic)
-        if index == _NOTHING:
+        `dynamic` (the caller holds `lock`). Never raises: the call has run,
+        and its outputs are the user's (see `_waited_on`)."""
+        made = None
+        try:
+            if type(arrays) is not list:
+                arrays = jax.tree_util.tree_leaves(arrays)
+            index = self.made.get(entry)
+            if index is None:
+                if arrays and not _concrete(arrays[0]) or not arrays and any(map(_is_tracer, dynamic)):
+                    return  # under another transform's trace: nothing ran
+                index = self.made[entry] = _made_by_the_call(arrays, dynamic)
+            if type(index) is int:
+                if index == _NOTHING:
+                    return
+                made = (arrays[index],)
+                if not _concrete(made[0]):
+                    return
+            else:  # the Refs the call took: their buffers are its outputs where it wrote them
+                made = tuple(_ref_buffer(dynamic[i]) for i in index)
+            self.tokens.append(self._token(made))
+        except Exception as error:
+            self._waited_on(made if made is not None else arrays, error)
+
+    def _token(self, made: tuple) -> jax.Array:
+        """The token's program dispatched on `made`: where the call ran, or,
+        where that placement refuses it (a wrapper's own `mesh=` on other
+        devices than the `jax.set_mesh` around the call), outside any mesh, on
+        the devices `made` lives on; from then on always there."""
+        if not self.outside:
+            try:
+                return _TOKEN(*made)
+            except Exception:  # refused before it ran (JAX checks placement when it lowers)
+                self.outside = True
+        with jax.set_mesh(_NO_MESH):
+            return _TOKEN(*made)
+
+    def _waited_on(self, made: Any, error: Exception) -> None:
+        """Where no token could be dispatched: wait for the call itself, on what
+        it made, and warn once (`InFlightWarning`; made an error, it is raised
+        by the next call's wait, before anything is dispatched or donated)."""
+        try:
+            jax.block_until_ready([x for x in jax.tree_util.tree_leaves(made) if _concrete(x)])
+        except Exception:  # the call failed: it has ended (its error is the user's, where they read it)
+            pass
+        if self.warned:
             return
-        x = arrays[index]
-        if _concrete(x):
-            self.tokens.append(_TOKEN(x))
+        self.warned = True
+        try:
+            warnings.warn(
+                f"filtx max_in_flight: the call's token could not be dispatched ({type(error).__name__}: "
+                f"{error}); the call was waited for before it returned, and its outputs are returned. "
+                f"Later calls are bounded as usual where their token can be dispatched.",
+                InFlightWarning, stacklevel=4,
+            )
+        except Warning as escalated:  # an error by the user's filter: the outputs are still returned
+            self.pending = escalated
 
 
 def _concrete(x: Any) -> bool:
     return isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
 
 
-def _made_by_the_call(arrays: list, dynamic: list) -> int:
-    """The index of the first non-empty array in `arrays` that is not one of the
-    call's inputs (`dynamic`) by identity, or `_NOTHING`."""
+def _is_tracer(x: Any) -> bool:
+    return isinstance(x, jax.core.Tracer)
+
+
+def _made_by_the_call(arrays: list, dynamic: list) -> Any:
+    """What a call's token takes: the index of the first non-empty array in
+    `arrays` that is not one of the call's inputs (`dynamic`) by identity; else
+    the positions in `dynamic` of the `jax.Ref`s the call took (a step that
+    updates Refs and returns no array of its own); else `_NOTHING`."""
     inputs = set(map(id, dynamic))
     for i, x in enumerate(arrays):
         if _concrete(x) and id(x) not in inputs and x.size:
             return i
-    return _NOTHING
+    refs = tuple(i for i, x in enumerate(dynamic) if is_ref(x))
+    return refs if refs else _NOTHING
+
+
+def _ref_buffer(ref: Any) -> jax.Array:
+    """The array a `jax.Ref` holds now: after a call that wrote it, an output of
+    that call, defined when the call ends (JAX 0.7.2 to 0.10.2 keep it as
+    `ref._refs._buf`; elsewhere a read of the Ref, a program that runs after
+    the call)."""
+    try:
+        return ref._refs._buf
+    except AttributeError:
+        return ref[...]
 
 
 _RECORDS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()

@@ -5,10 +5,10 @@ object is called with the same pytrees as the function."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
-import numpy as np
 
 from .._core.donation import hidden_depth, hide_jax_warning, show_jax_warning
 from .._core.eqx_errors import without_filtx_frames
@@ -189,10 +189,10 @@ class AheadOfTime:
 
 
 def stand_ins(tree: Any) -> tuple[Any, dict]:
-    """`tree` with an array of its shape and dtype, holding one element, in
-    place of each `jax.ShapeDtypeStruct` (what a split sees of an abstract
-    argument: it is traced, as an array), and `{id(stand_in): shape}` to put
-    them back."""
+    """`tree` with a stand-in (`ShapeDtypeStruct` below: a `jax.Array` of
+    the shape's shape, dtype and sharding, holding no buffer) in place of each
+    `jax.ShapeDtypeStruct` (what a split sees of an abstract argument: it is
+    traced, as an array), and `{id(stand_in): shape}` to put them back."""
     shapes: dict = {}
     if any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree_util.tree_leaves(tree)):
         tree = jax.tree_util.tree_map(lambda x: _stand_in(x, shapes), tree)
@@ -200,22 +200,68 @@ def stand_ins(tree: Any) -> tuple[Any, dict]:
 
 
 def _stand_in(x: Any, shapes: dict) -> Any:
-    """An array of `x`'s shape and dtype that holds one element (a NumPy
-    broadcast view), in place of a `ShapeDtypeStruct`: callables in `specs`,
-    `in_shardings` or `in_specs` read the shape a call's array has. Where NumPy
-    has no such dtype (a PRNG key), an empty `jax.Array` of its dtype and rank;
-    kept as it is where JAX makes no such array either. Remembered in `shapes`."""
+    """A stand-in for `x` where it is a `ShapeDtypeStruct`, remembered in `shapes`."""
     if not isinstance(x, jax.ShapeDtypeStruct):
         return x
-    try:
-        stand_in = np.broadcast_to(np.zeros((), x.dtype), tuple(x.shape))
-    except Exception:
-        try:
-            stand_in = jax.numpy.zeros((0,) * len(x.shape), x.dtype)
-        except Exception:
-            return x
+    stand_in = ShapeDtypeStruct(x)
     shapes[id(stand_in)] = x
     return stand_in
+
+
+class ShapeDtypeStruct(jax.Array):
+    """What a spec, a rule or a callable in `in_shardings`/`in_specs` sees in
+    place of a `jax.ShapeDtypeStruct` passed to `.lower`, `.trace`,
+    `.eval_shape`, `jax.export` or `compare_capacity`: what it would see of the
+    array the shape stands for. It is a `jax.Array` (`isinstance(leaf,
+    jax.Array)`, `eqx.is_array`, `filtx.is_array` hold, as the type of a leaf
+    for the plan), with the shape's `shape`, `dtype`, `ndim`, `size`,
+    `itemsize`, `nbytes`, `weak_type`, and `sharding`: the shape's, or, where it
+    has none, an uncommitted array's (the default device's); `committed` where
+    the shape has a sharding. It holds no buffer (nothing of its size is
+    allocated): it is never deleted, has no buffer address (`buffer_keys`
+    tells stand-ins apart by identity) and no `_committed` (so it is never the
+    committed leaf the donation check reads devices from), and it never
+    reaches JAX: the split's values are put back to the shapes before tracing.
+    Named as what the user passed, so that an error naming its path reads
+    `args[0] (ShapeDtypeStruct float32[...])`."""
+
+    __slots__ = ("_filtx_shape",)
+
+    def __init__(self, shape: jax.ShapeDtypeStruct):
+        self._filtx_shape = shape
+
+    shape = property(lambda self: tuple(self._filtx_shape.shape))
+    dtype = property(lambda self: self._filtx_shape.dtype)
+    ndim = property(lambda self: len(self._filtx_shape.shape))
+    size = property(lambda self: math.prod(self._filtx_shape.shape))
+    itemsize = property(lambda self: self._filtx_shape.dtype.itemsize)
+    nbytes = property(lambda self: self.size * self.itemsize)
+    weak_type = property(lambda self: getattr(self._filtx_shape, "weak_type", False))
+    committed = property(lambda self: getattr(self._filtx_shape, "sharding", None) is not None)
+
+    @property
+    def sharding(self) -> Any:
+        sharding = getattr(self._filtx_shape, "sharding", None)
+        return sharding if sharding is not None else _uncommitted_sharding()
+
+    def is_deleted(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return f"stand-in for {self._filtx_shape!r}"
+
+    def __len__(self) -> int:
+        if not self._filtx_shape.shape:
+            raise TypeError("len() of unsized object")
+        return self._filtx_shape.shape[0]
+
+
+def _uncommitted_sharding() -> Any:
+    """Where an uncommitted array is made: the default device."""
+    device = jax.config.jax_default_device
+    if not isinstance(device, jax.Device):
+        device = jax.devices(device)[0] if device is not None else jax.devices()[0]
+    return jax.sharding.SingleDeviceSharding(device)
 
 
 class Traced:
