@@ -199,3 +199,87 @@ def test_compare_capacity_reads_fsdp_state_per_device_as_a_call_holds_it():
     for row in (none, arrays):  # XLA's per-device arguments: the split state and the batch's shard
         assert row.argument_bytes == split + row.n * W * 4
     assert arrays.n > none.n  # the donated state is reused on every device
+
+
+# ---------------------------------------------------------------------------
+# What a spec sees of a shape is what it sees of the array (issue 60)
+
+import equinox as eqx  # noqa: E402
+
+
+def donate_arrays(leaf):
+    return filtx.donate if isinstance(leaf, jax.Array) else filtx.traced
+
+
+def donate_arrays_else_static(leaf):
+    return filtx.donate if isinstance(leaf, jax.Array) else filtx.static
+
+
+def scaled(w, n):
+    return w * n, jnp.sum(w)
+
+
+@pytest.mark.parametrize("spec", [donate_arrays, donate_arrays_else_static])
+def test_a_spec_that_reads_the_type_lowers_from_shapes_as_from_arrays(spec):
+    # Lowered from shapes, a spec that donates what is a jax.Array donates what
+    # it donates lowered from arrays (a NumPy stand-in donated nothing); one
+    # that makes everything else static lowers at all (a NumPy stand-in was
+    # refused: "filtx.static was placed on an array").
+    wrapped = filtx.filter_jit(scaled, specs=spec)
+    w = jnp.ones((512, 512))
+    from_arrays = wrapped.lower(w, 3.0).compile()
+    from_shapes = wrapped.lower(S(w.shape, w.dtype), 3.0).compile()
+    assert figures(from_arrays)[2] == w.nbytes == 1_048_576
+    assert figures(from_shapes) == figures(from_arrays)
+    assert wrapped.eval_shape(S(w.shape, w.dtype), 3.0)[0].shape == w.shape
+
+
+def test_a_spec_sees_a_shape_as_the_array_it_stands_for():
+    # isinstance(leaf, jax.Array), eqx.is_array, filtx.is_array, shape, dtype and
+    # sharding: what the array has (uncommitted: the default device; a shape's
+    # own sharding where it has one); and nothing of the shape's size is made.
+    mesh = _mesh("explicit")
+    big = (4096, 1024)  # 16 MiB
+    seen, made = [], []
+
+    def spec(leaf):
+        seen.append({
+            "jax.Array": isinstance(leaf, jax.Array), "eqx": eqx.is_array(leaf), "filtx": filtx.is_array(leaf),
+            "inexact": eqx.is_inexact_array(leaf), "shape": leaf.shape, "dtype": leaf.dtype, "ndim": leaf.ndim,
+            "size": leaf.size, "nbytes": leaf.nbytes, "sharding": leaf.sharding,
+        })
+        made.append(sum(1 for a in jax.live_arrays() if a.shape == big))
+        return filtx.donate
+
+    wrapped = filtx.filter_jit(lambda w, x: (w + 1, x * 2), specs=spec)
+    placed = NamedSharding(mesh, P("d"))
+    arrays = (jnp.zeros(big), jax.device_put(jnp.ones((8, 4)), placed))
+    wrapped.lower(*arrays)
+    from_arrays = seen[:]
+    del arrays
+    seen.clear()
+    made.clear()
+    wrapped.lower(S(big, jnp.float32), S((8, 4), jnp.float32, sharding=placed))
+    assert seen == from_arrays and len(seen) == 2
+    assert seen[0]["sharding"] == jax.sharding.SingleDeviceSharding(jax.devices()[0]) and seen[1]["sharding"] == placed
+    assert made == [0, 0]
+
+
+@pytest.mark.filterwarnings("ignore::filtx.ReplicatedArgumentWarning")  # from arrays and from shapes alike
+def test_callables_in_in_shardings_and_in_specs_read_a_shape_as_the_array():
+    mesh = _mesh("explicit")
+
+    def split_if_array(leaf):
+        return P("d") if isinstance(leaf, jax.Array) and leaf.shape[0] % D == 0 else P()
+
+    jitted = filtx.filter_jit(lambda w, x: (w * 2, x.sum()), mesh=mesh, in_shardings=split_if_array)
+    sharded = filtx.filter_shard_map(
+        lambda w, x: (w * 2, jax.lax.psum(x.sum(), "d")), mesh=mesh, in_specs=split_if_array, out_specs=(P("d"), P())
+    )
+    w, x = np.ones((8 * D, W), np.float32), np.ones((4 * D,), np.float32)
+    for wrapped in (jitted, sharded):
+        from_shapes = wrapped.lower(S(w.shape, w.dtype), S(x.shape, x.dtype)).compile()
+        from_arrays = wrapped.lower(jnp.asarray(w), jnp.asarray(x)).compile()
+        assert figures(from_shapes) == figures(from_arrays)
+        assert same_shardings(input_shardings(from_shapes), input_shardings(from_arrays), [w, x])
+        assert figures(from_shapes)[0] == (w.nbytes + x.nbytes) // D  # both split: the rule saw arrays
