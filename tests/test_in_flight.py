@@ -453,7 +453,11 @@ def test_a_token_that_cannot_be_dispatched_loses_nothing(monkeypatch):
     for _ in range(3):
         expected, expected_loss = slow_step(expected, jnp.ones(4))
     monkeypatch.setattr(_in_flight, "_TOKEN", refused)
-    step = filtx.filter_jit(slow_step, donate="arrays", max_in_flight=1)
+
+    def own_step(w, x):  # compile state and record of its own
+        return slow_step(w, x)
+
+    step = filtx.filter_jit(own_step, donate="arrays", max_in_flight=1)
     w = jnp.ones((WIDTH, WIDTH)) * 0.01
     first = w
     with pytest.warns(_in_flight.InFlightWarning, match="no token here") as caught:
