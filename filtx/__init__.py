@@ -52,6 +52,7 @@ owns, its words, and what it may import.
   - `typing`: the wrappers' static types
   - `sharding`: shardings per leaf, read against a mesh, checked by path; arguments
     not placed yet that in_shardings splits over Explicit axes (`ReplicatedArgumentWarning`)
+  - `in_flight`: the run-ahead bound, `max_in_flight` (`InFlightWarning`)
   - `per_shard`: `jax.jit(jax.shard_map(...))`, what filter_shard_map and filter_pmap share
   - `hosts`: filter_pmap's devices, and its conversions under several processes
   - `mapped`: what the mapped transforms share
@@ -78,6 +79,7 @@ from ._core.eqx_errors import block_until_ready
 from ._core.mutation import MutatedArgumentWarning
 from ._core.reductions import InvariantReductionWarning
 from ._transforms.sharding import ReplicatedArgumentWarning
+from ._transforms.in_flight import InFlightWarning
 from ._core.roles import donate, if_array, static, traced
 from ._core.share import SharingPattern, reshare, unshare
 from ._transforms.export import call_exported
@@ -157,6 +159,7 @@ __all__ = [
     "MutatedArgumentWarning",
     "InvariantReductionWarning",
     "ReplicatedArgumentWarning",
+    "InFlightWarning",
     "block_until_ready",
     "call_exported",
     "explain",

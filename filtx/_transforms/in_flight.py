@@ -25,11 +25,36 @@ deleted (`y.delete()`) or donated to another call after the token's program
 was dispatched are still waited on through it (the runtime frees or hands on a
 buffer only after the programs reading it have run).
 
-Which output the token takes: the first non-empty array of the call's outputs
-that is not one of its inputs by identity (an input handed back unchanged is
-not made by the call), found on the first call of each entry (compiled
-signature) and kept for the next ones. A call with no such output (all its
-outputs are its inputs, or empty) is not counted.
+Which arrays the token takes, found on the first call of each entry
+(compiled signature) and kept for the next ones: the first non-empty array of
+the call's outputs that is not one of its inputs by identity (an input handed
+back unchanged is not made by the call). **Every step is bounded, one that
+returns no array too**: a step that updates `jax.Ref`s and returns `None` or
+a Python number makes no output of its own, but a Ref it wrote holds, after
+the dispatch, an array the call made (JAX 0.10.2 updates the Ref's buffer in
+place: the same `jax.Array` object, unready until the call ends); so such a
+call's token takes the arrays of every Ref the call took (a Ref the call only
+read is ready: it costs the wait nothing). A call that makes no array and
+takes no Ref (all its outputs are its inputs, or empty, or not arrays) runs
+no computation anyone could read back, and is not counted.
+
+**The bookkeeping never fails a call that ran.** The token is dispatched
+after the step, so a refusal there would lose what the step returned (and a
+donating step has already deleted its inputs). The token's program runs
+wherever the arrays it takes live: where the placement around the call
+refuses it (a wrapper with its own `mesh=`, `filter_pmap`'s `devices=` or
+`filter_shard_map`'s mesh on devices 2-3, called inside `jax.set_mesh` of a
+mesh on devices 0-1: JAX refuses a program whose arguments are on other
+devices than the context mesh), it is dispatched again outside any mesh
+(`jax.set_mesh` of an empty mesh, about 3 microseconds), and from then on
+always so for that record (`InFlight.outside`: the first try costs the
+refused lowering once; a try that works costs nothing more). If it fails
+even there, `record` never raises: it waits for the call on the arrays it
+made (so the bound still holds for that call: it is finished when it
+returns), returns the outputs, and warns once per record
+(`InFlightWarning`). A user who makes that warning an error gets it raised by
+the next bounded call of the record, before it waits or dispatches: nothing
+donated is lost.
 
 Cost: unset, the option costs nothing (`Wrapper.__call__` reads one attribute,
 `_in_flight`, None). Set, a call takes a lock, waits where more than `k`
@@ -62,7 +87,7 @@ its own function again (never the wrapper's, whose compile state is shared).
 **Across threads.** The wait, the dispatch and the token's dispatch run under
 the record's lock (an `RLock`: a call inside the traced function of an equal
 wrapper re-enters), so two threads sharing a wrapper at `k=0` never have two
-calls running at once. A host callback inside the step that calls the same
+calls running at once, steps that only update Refs included. A host callback inside the step that calls the same
 wrapper from another thread while a call waits would wait for that call:
 don't call a bounded wrapper from its own callbacks.
 
@@ -115,10 +140,31 @@ _NOTHING = -1  # an entry whose calls make no array and take no Ref: nothing ran
 
 
 class InFlightWarning(RuntimeWarning):
-    """The bound could not dispatch a call's token, so it waited for that call
-    before returning it (its outputs are returned all the same). Made an
-    error (`warnings.simplefilter("error", ...)`), it is raised by the next
-    bounded call of the same compile state, before that call dispatches."""
+    """The warning a wrapper with `max_in_flight` gives, once per compile
+    state, where it could not dispatch the small program it waits on a call
+    by (its token), even outside any mesh: that call was waited on before it
+    returned, and its outputs are returned all the same; later calls are
+    bounded as usual wherever their token can be dispatched. Nothing is lost:
+    made an error (`warnings.simplefilter("error", filtx.InFlightWarning)`),
+    it is raised by the next bounded call of the same compile state, before
+    that call waits, dispatches or donates anything.
+
+    !!! example
+
+        ```python
+        import warnings
+        import jax.numpy as jnp
+        import filtx
+
+        step = filtx.filter_jit(lambda w: w * 0.5, donate="arrays", max_in_flight=1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", filtx.InFlightWarning)
+            w = jnp.ones(3)
+            for _ in range(3):
+                w = step(w)  # every token dispatched: nothing said
+        assert issubclass(filtx.InFlightWarning, RuntimeWarning) and float(w[0]) == 0.125
+        ```
+    """
 
 
 class InFlight:

@@ -272,8 +272,15 @@ def filter_jit(
         waits. It holds nothing of the outputs (each call is waited on by a
         tiny token program of filtx's, dispatched after it: about 4
         microseconds), holds when they are deleted or donated onward, and
-        across threads; wrappers that differ only in it share their compiled
-        entries (they are not equal). Unset, it costs nothing.
+        across threads; it bounds every step, one that returns no array too
+        (a step that updates `jax.Ref`s and returns `None` or a number is
+        waited on through its Refs). Its bookkeeping never fails a call that
+        ran: where the placement around the call (a `jax.set_mesh` on other
+        devices than this wrapper's `mesh=`) refuses the token, it is made
+        outside any mesh; failing that, the call is waited on before it
+        returns, and an `InFlightWarning` (a `RuntimeWarning`) is given once.
+        Wrappers that differ only in it share their compiled entries (they
+        are not equal). Unset, it costs nothing.
     - `**jitkwargs`: passed to `jax.jit`, except `static_argnums`,
         `static_argnames`, `donate_argnums` and `donate_argnames`, which filtx owns.
 
