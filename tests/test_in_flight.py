@@ -464,6 +464,7 @@ def test_a_token_that_cannot_be_dispatched_loses_nothing(monkeypatch):
         for _ in range(3):
             w, loss = step(w, jnp.ones(4))
             assert w.is_ready() and loss.is_ready()  # waited on before it returned
+    assert caught[0].filename == __file__  # the user's line
     assert first.is_deleted() and not w.is_deleted()
     assert np.allclose(w, expected) and np.isclose(float(loss), float(expected_loss))
     assert len([c for c in caught if c.category is _in_flight.InFlightWarning]) == 1
@@ -566,3 +567,20 @@ def test_tokens_made_outside_a_mesh_hold_nothing_of_the_user():
     jax.block_until_ready(w)
     del w, loss
     assert count() == before
+
+
+def test_a_ref_step_under_another_transform_inlines():
+    # Bounded, a step that updates a Ref runs inside jax.jit as it runs alone
+    # (nothing is dispatched or recorded for it there: its Ref is a tracer).
+    step = filtx.filter_jit(lambda ref, x: ref.__setitem__(..., ref[...] + x), max_in_flight=0)
+    ref = jax.new_ref(jnp.zeros(3))
+    step(ref, jnp.ones(3))
+
+    @jax.jit
+    def outer(ref, x):
+        step(ref, x)
+        return ref[...] * 2
+
+    assert np.array_equal(outer(ref, jnp.ones(3)), 4 * np.ones(3))
+    assert np.array_equal(ref[...], 2 * np.ones(3))
+    assert not any(isinstance(t, jax.core.Tracer) for t in step._in_flight.tokens)  # no tracer leaked

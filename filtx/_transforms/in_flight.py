@@ -224,7 +224,10 @@ class InFlight:
                 if not _concrete(made[0]):
                     return
             else:  # the Refs the call took: their buffers are its outputs where it wrote them
-                made = tuple(_ref_buffer(dynamic[i]) for i in index)
+                refs = [dynamic[i] for i in index]
+                if any(map(_is_tracer, refs)):  # under another transform's trace: nothing ran
+                    return
+                made = tuple(map(_ref_buffer, refs))
             self.tokens.append(self._token(made))
         except Exception as error:
             self._waited_on(made if made is not None else arrays, error)
@@ -258,7 +261,7 @@ class InFlight:
                 f"filtx max_in_flight: the call's token could not be dispatched ({type(error).__name__}: "
                 f"{error}); the call was waited for before it returned, and its outputs are returned. "
                 f"Later calls are bounded as usual where their token can be dispatched.",
-                InFlightWarning, stacklevel=4,
+                InFlightWarning, stacklevel=5,  # the user's call (through `_bounded`, `__call__`)
             )
         except Warning as escalated:  # an error by the user's filter: the outputs are still returned
             self.pending = escalated
