@@ -246,7 +246,7 @@ def test_a_spec_sees_a_shape_as_the_array_it_stands_for():
         seen.append({
             "jax.Array": isinstance(leaf, jax.Array), "eqx": eqx.is_array(leaf), "filtx": filtx.is_array(leaf),
             "inexact": eqx.is_inexact_array(leaf), "shape": leaf.shape, "dtype": leaf.dtype, "ndim": leaf.ndim,
-            "size": leaf.size, "nbytes": leaf.nbytes, "sharding": leaf.sharding,
+            "size": leaf.size, "nbytes": leaf.nbytes, "sharding": leaf.sharding, "typeof": jax.typeof(leaf),
         })
         made.append(sum(1 for a in jax.live_arrays() if a.shape == big))
         return filtx.donate

@@ -29,6 +29,7 @@ __all__ = [
     "committed",
     "is_committed",
     "exclude_from_tracebacks",
+    "register_abstract_value",
     "clear_runtime_tokens",
     "CALLBACK_LOGGER",
     "refused_aliasing",
@@ -99,6 +100,16 @@ def exclude_from_tracebacks(path: str) -> None:
     """Hide the frames of the files under `path` from tracebacks through JAX's API
     boundaries, as JAX hides its own."""
     _traceback_util.register_exclusion(path)
+
+
+def register_abstract_value(cls: type, aval: Any) -> None:
+    """Make `jax.typeof(x)` of an instance `x` of `cls` be `aval(x)` (JAX's
+    private `core.pytype_aval_mappings`; its public alias `jax.core.` is
+    deprecated): `lowering.ShapeDtypeStruct`, a shape's stand-in, types as the
+    shape it stands for."""
+    from jax._src import core as _core
+
+    _core.pytype_aval_mappings[cls] = aval
 
 
 def clear_runtime_tokens() -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 import jax
 
+from .._base.jax_compat import register_abstract_value
 from .._core.donation import hidden_depth, hide_jax_warning, show_jax_warning
 from .._core.eqx_errors import without_filtx_frames
 from .._core.errors import lowered_for_other_arguments
@@ -220,8 +221,9 @@ class ShapeDtypeStruct(jax.Array):
     the shape has a sharding. It holds no buffer (nothing of its size is
     allocated): it is never deleted, has no buffer address (`buffer_keys`
     tells stand-ins apart by identity) and no `_committed` (so it is never the
-    committed leaf the donation check reads devices from), and it never
-    reaches JAX: the split's values are put back to the shapes before tracing.
+    committed leaf the donation check reads devices from). `jax.typeof` reads
+    it as its shape; it is never traced or run: the split's values are put
+    back to the shapes before tracing.
     Named as what the user passed, so that an error naming its path reads
     `args[0] (ShapeDtypeStruct float32[...])`."""
 
@@ -254,6 +256,11 @@ class ShapeDtypeStruct(jax.Array):
         if not self._filtx_shape.shape:
             raise TypeError("len() of unsized object")
         return self._filtx_shape.shape[0]
+
+
+# `jax.typeof` of a stand-in is that of its shape (what tools that read avals of
+# a split's values take: `donation_report`), as it was of the NumPy view before.
+register_abstract_value(ShapeDtypeStruct, lambda x: jax.typeof(x._filtx_shape))
 
 
 def _uncommitted_sharding() -> Any:
