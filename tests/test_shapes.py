@@ -283,3 +283,25 @@ def test_callables_in_in_shardings_and_in_specs_read_a_shape_as_the_array():
         assert figures(from_shapes) == figures(from_arrays)
         assert same_shardings(input_shardings(from_shapes), input_shardings(from_arrays), [w, x])
         assert figures(from_shapes)[0] == (w.nbytes + x.nbytes) // D  # both split: the rule saw arrays
+
+
+def test_compare_capacity_reads_a_type_reading_spec_as_a_call_does():
+    # compare_capacity lowers from shapes: a spec that donates what is a
+    # jax.Array donates the state there as in a call, in both modes (the row
+    # says "none" still donates it; the NumPy stand-in donated nothing).
+    def sgd(w, x):
+        loss = jnp.mean((x @ w) ** 2)
+        return w - 0.1 * loss, loss
+
+    def make_args(n):
+        return (S((W, W), jnp.float32), S((n, W), jnp.float32)), {}
+
+    def arrays_donated(leaf):
+        return filtx.donate if isinstance(leaf, jax.Array) and leaf.ndim == 2 and leaf.shape[0] == W else filtx.traced
+
+    wrapped = filtx.filter_jit(sgd, specs=(arrays_donated, filtx.traced))
+    capacity = filtx.compare_capacity(wrapped, make_args, limit=2**23, modes=["none", "arrays"], largest=2**12)
+    (row,) = capacity.rows  # both modes donate the state, as the spec says: one row
+    assert row.modes == ("none", "arrays"), row
+    assert row.note is not None and row.note.startswith("still donates args[0]"), row.note
+    assert row.state_bytes == 0  # donation takes the whole state (a NumPy stand-in: all of it)
