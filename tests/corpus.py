@@ -386,7 +386,7 @@ CASES = (
     Case("counter", counter, counter_step, counter_start, counter_args),
     Case("keyword", keyword, keyword_step, keyword_start, keyword_args, advance=keyword_advance),
     Case("parallel", parallel, parallel_step, parallel_start, parallel_args,
-         capacity_options={"start": 4, "multiple_of": 4}),
+         capacity_options={"multiple_of": 4}),
     Case("specs", specs, specs_step, specs_start, specs_args),
 )
 BY_NAME = {case.name: case for case in CASES}
