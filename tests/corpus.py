@@ -4,7 +4,7 @@ typed PRNG keys, `eqx.nn.State`, a `jax.Ref`, bf16 compute over an fp32
 master, `optax.chain` and `optax.multi_transform` states, layers stacked and
 scanned, an int counter and Python-float hyperparameters, state passed by
 keyword, wrappers made with `mesh=`/`in_shardings=` and with `specs=` at the
-top of this (importable) module.
+top of this (importable) module, a typed key new every step (a batch).
 
 Every `Case` gives:
 
@@ -375,6 +375,30 @@ specs = filtx.filter_jit(specs_step, specs={"model": filtx.donate, "opt_state": 
 specs_args = _shapes(specs_start)
 
 
+# -- 12. a key new every step (not fed back): input noise, the loop splitting its own key ------------------------------
+
+def augment_step(params, x, y, key):
+    x = x + 0.1 * jax.random.normal(key, x.shape)
+
+    def loss_fn(params):
+        return jnp.mean((x @ params["w"] - y) ** 2)
+
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    return jax.tree_util.tree_map(lambda p, g: p - 0.1 * g, params, grads), loss
+
+
+def augment_start(n: int) -> tuple:
+    return ({"w": jnp.full((D, 1), 0.05)}, *_batch(n), jax.random.key(12)), {}
+
+
+def augment_advance(args: tuple, kwargs: dict, out: Any) -> tuple[tuple, dict]:
+    return (out[0], *args[1:3], jax.random.split(args[3])[0]), kwargs
+
+
+augment = filtx.filter_jit(augment_step, donate="arrays")
+augment_args = _shapes(augment_start)
+
+
 CASES = (
     Case("dropout", dropout, dropout_step, dropout_start, dropout_args),
     Case("batchnorm", batchnorm, batchnorm_step, batchnorm_start, batchnorm_args),
@@ -388,5 +412,6 @@ CASES = (
     Case("parallel", parallel, parallel_step, parallel_start, parallel_args,
          capacity_options={"multiple_of": 4}),
     Case("specs", specs, specs_step, specs_start, specs_args),
+    Case("augment", augment, augment_step, augment_start, augment_args, advance=augment_advance),
 )
 BY_NAME = {case.name: case for case in CASES}

@@ -199,16 +199,18 @@ def test_filter_shard_map_runs_the_data_parallel_step():
 # -- verify=True in fresh processes, timing=, the pytest fixture: end to end ---------------------------------------
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("name", ["parallel", "dropout"])
+@pytest.mark.parametrize("name", ["parallel", "augment"])
 def test_verify_runs_the_module_level_wrappers_in_fresh_processes(name):
     """The mesh= wrapper at the top of tests/corpus.py pickles by name (no
-    "cannot pickle"); the typed key is made in the fresh process. The process
+    "cannot pickle"); the typed key, new every step, is put from host memory
+    there (its key data). The process
     peak is labelled the whole process, its share per device beside it."""
     case = corpus.BY_NAME[name]
     assert pickle.loads(pickle.dumps(case.step)) is case.step
     capacity = filtx.compare_capacity(case.step, case.make_args, limit=512 * 2**20, headroom=0.5, modes="arrays",
-                                      verify=True, verify_runs=1, verify_steps=2, progress=False,
-                                      **case.capacity_options)
+                                      start=1024, largest=2048, verify=True, verify_runs=1, verify_steps=2,
+                                      progress=False, **case.capacity_options)
+    print(capacity)
     (row,) = capacity.rows
     assert row.process_peaks and row.verified.startswith("1 fresh process"), row.verified
     text = str(capacity)
@@ -220,11 +222,13 @@ def test_verify_runs_the_module_level_wrappers_in_fresh_processes(name):
 
 
 def test_timing_runs_on_a_corpus_step(monkeypatch):
+    """The timed loops put every batch from host memory: a typed key among them too."""
     monkeypatch.setattr(_timing, "TIMED_SECONDS", 1e-3)
-    case = corpus.BY_NAME["dropout"]
+    case = corpus.BY_NAME["augment"]
     capacity = filtx.compare_capacity(case.step, case.make_args, modes="arrays", timing=2, progress=False, **QUICK)
     (row,) = capacity.rows
-    assert row.error is None and len(row.timed) == 2 and row.best_throughput > 0
+    assert row.error is None and len(row.timed) == 2 and row.best_throughput > 0, capacity.rows[0].timing
+    assert ("args[3]", "new each step (a batch)") in capacity.arguments
 
 
 _SUITE = '''

@@ -20,7 +20,7 @@ from ..._core.roles import is_ref
 __all__ = [
     "fresh", "fresh_tree", "is_deleted", "block", "in_flight_window", "device_memory", "OwnPeak",
     "memory_figures", "outputs_differ", "executable", "analysis_parts", "shard_bytes", "input_shardings",
-    "argument_shardings", "element_bytes",
+    "argument_shardings", "element_bytes", "host_zeros", "put_host",
 ]
 
 
@@ -235,15 +235,38 @@ def element_bytes(dtype: Any) -> int:
     if not jax.dtypes.issubdtype(dtype, jax.dtypes.extended):
         return np.dtype(dtype).itemsize
     size = getattr(dtype, "itemsize", None)
-    if size is None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+    if size is None and _is_key(dtype):
         data = jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct((), dtype))
         size = math.prod(data.shape) * np.dtype(data.dtype).itemsize
     return int(size or 0)
 
 
+def _is_key(dtype: Any) -> bool:
+    return jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+
+
+def host_zeros(shape: tuple, dtype: Any) -> np.ndarray:
+    """Zeros of `shape` and `dtype` in host memory, a batch as a loop holds it
+    before putting it on the device; for a typed PRNG key, its key data
+    (NumPy has no key dtype)."""
+    if _is_key(dtype):
+        data = jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct(tuple(shape), dtype))
+        return np.zeros(data.shape, data.dtype)
+    return np.zeros(shape, dtype)
+
+
+def put_host(host: np.ndarray, dtype: Any, placement: Any) -> jax.Array:
+    """`host_zeros`' array on the device, placed by `placement` (None: the
+    default device), of `dtype` (a key wrapped from its key data)."""
+    if _is_key(dtype):
+        impl = jax.random.key_impl(jnp.zeros((), dtype))
+        return jax.device_put(jax.random.wrap_key_data(host, impl=impl), placement)
+    return jax.device_put(host, placement)
+
+
 def _comparable(x: Any) -> np.ndarray:
     """A leaf as a NumPy array: a typed PRNG key as its key data."""
-    if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+    if isinstance(x, jax.Array) and _is_key(x.dtype):
         x = jax.random.key_data(x)
     return np.asarray(jax.device_get(x))
 
