@@ -107,8 +107,9 @@ class Counting:
     """How a loop holds each leaf of `(args, kwargs)`, learned once from the
     step's abstract output: `FED` where an output feeds it back (`Feeding`'s
     rule, or `feed=`), `FIXED` where `fixed=` names it (or an argument above
-    it) or where it is a `jax.Ref` (the same buffer every step, updated in
-    place), `BATCH` otherwise (new every step: the safe side).
+    it), `BATCH` otherwise (new every step: the safe side). A `jax.Ref` is no
+    array leaf: its bytes are in the step's figure once, and its line says so
+    (`REF`).
 
     `fixed` holds argument paths as the table prints them: `"args[2]"`,
     `"kwargs['table']"`, or deeper (`"args[0].frozen"`); a bare keyword's name
@@ -143,7 +144,7 @@ class Counting:
                 f"a position by its index. The arguments: {', '.join(_tops(self.paths))}."
             )
         fed += [False] * (len(leaves) - len(fed))
-        self.kinds = [FED if f else FIXED if path in self.refs or any(_under(path, g) for g in self.fixed) else BATCH
+        self.kinds = [FED if f else FIXED if any(_under(path, g) for g in self.fixed) else BATCH
                       for path, f in zip(self.paths, fed)]
         fed_fixed = [path for path, k, f in zip(self.paths, self.kinds, fed) if f and any(_under(path, g) for g in self.fixed)]
         if fed_fixed:
