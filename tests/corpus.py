@@ -60,6 +60,11 @@ class _Net(eqx.Module):
         return self.layers[1](h)
 
 
+def _trained(model: Any, optimiser: Any, n: int) -> tuple:
+    """`(model, its optimiser state, x, y)` at batch `n`: the usual step's arguments."""
+    return (model, optimiser.init(eqx.filter(model, eqx.is_array)), *_batch(n)), {}
+
+
 def _mse(model, x, y):
     return jnp.mean((jax.vmap(model)(x) - y) ** 2)
 
@@ -198,8 +203,7 @@ def mixed_step(master, opt_state, x, y):
 
 
 def mixed_start(n: int) -> tuple:
-    master = _mlp(4)
-    return (master, ADAM.init(eqx.filter(master, eqx.is_array)), *_batch(n)), {}
+    return _trained(_mlp(4), ADAM, n)
 
 
 mixed = filtx.filter_jit(mixed_step)
@@ -218,8 +222,7 @@ def chain_step(model, opt_state, x, y):
 
 
 def chain_start(n: int) -> tuple:
-    model = _mlp(5)
-    return (model, CHAIN.init(eqx.filter(model, eqx.is_array)), *_batch(n)), {}
+    return _trained(_mlp(5), CHAIN, n)
 
 
 chain = filtx.filter_jit(chain_step, donate="arrays")
@@ -243,8 +246,7 @@ def multi_step(model, opt_state, x, y):
 
 
 def multi_start(n: int) -> tuple:
-    model = _mlp(6)
-    return (model, MULTI.init(eqx.filter(model, eqx.is_array)), *_batch(n)), {}
+    return _trained(_mlp(6), MULTI, n)
 
 
 multi = filtx.filter_jit(multi_step)
@@ -276,8 +278,7 @@ def scanned_step(stack, opt_state, x, y):
 
 
 def scanned_start(n: int) -> tuple:
-    stack = _stack(7)
-    return (stack, ADAM.init(eqx.filter(stack, eqx.is_array)), *_batch(n)), {}
+    return _trained(_stack(7), ADAM, n)
 
 
 scanned = filtx.filter_jit(scanned_step)
@@ -367,8 +368,7 @@ def specs_step(model, opt_state, x, y):
 
 
 def specs_start(n: int) -> tuple:
-    model = _mlp(11)
-    return (model, SGD.init(eqx.filter(model, eqx.is_array)), *_batch(n)), {}
+    return _trained(_mlp(11), SGD, n)
 
 
 specs = filtx.filter_jit(specs_step, specs={"model": filtx.donate, "opt_state": filtx.donate})
