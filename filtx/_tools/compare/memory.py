@@ -2,7 +2,9 @@
 fresh copies (placed as the originals are), deleted buffers, how many steps may
 be in flight, the device allocator's own peak for one piece of work
 (`OwnPeak`), the memory a compiled step needs per device, and whether two
-results agree."""
+results agree. Extended dtypes count as JAX stores them: a typed PRNG key
+(`jax.random.key`) by its key data, in bytes, in host memory and in a
+comparison of results (NumPy has no key dtype)."""
 
 from __future__ import annotations
 
