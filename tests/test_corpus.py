@@ -266,15 +266,16 @@ import warnings
 import pytest
 import corpus
 
-@pytest.mark.parametrize("name, mode", {runs!r})
-def test_step(donation_benchmark, name, mode):
+@pytest.mark.parametrize("name, mode, verify", {runs!r})
+def test_step(donation_benchmark, name, mode, verify):
     case = corpus.BY_NAME[name]
     args, kwargs = case.start(corpus.N)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         out = donation_benchmark(case.step, *args, mode=mode, rounds=2, calls=2, capacity=case.make_args,
                                  capacity_limit=2**21, capacity_headroom=0,
-                                 capacity_options=dict(start=32, largest=64, **case.capacity_options), **kwargs)
+                                 capacity_options=dict(start=32, largest=64, verify=verify, verify_runs=1, verify_steps=2,
+                                                       **case.capacity_options), **kwargs)
     assert out is not None
     assert [str(w.message) for w in caught if w.category.__module__ == "filtx"] == []
 '''
@@ -286,7 +287,8 @@ def test_the_fixture_takes_the_corpus(pytester, monkeypatch):
         monkeypatch.delenv(name, raising=False)
     tests = str(pathlib.Path(__file__).parent)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (tests, os.environ.get("PYTHONPATH")) if p))
-    runs = [(name, "arrays") for name in NAMES] + [("parallel", "none"), ("specs", "none")]  # "none": its note
+    runs = [(name, "arrays", False) for name in NAMES] + [("parallel", "none", False), ("specs", "none", False)]
+    runs.append(("parallel", "arrays", True))  # "none": the specs= note; verify=True: the process peaks
     pytester.makepyfile(test_suite=_SUITE.format(runs=runs))
     result = pytester.runpytest_subprocess(
         "-p", "no:cacheprovider", "-p", "no:xdist", "--benchmark-enable", "--benchmark-json=out.json", "-q")
@@ -294,3 +296,6 @@ def test_the_fixture_takes_the_corpus(pytester, monkeypatch):
     entries = json.loads((pytester.path / "out.json").read_text())["benchmarks"]
     assert len(entries) == len(runs)
     assert all(e["extra_info"]["capacity_n"] > 0 for e in entries)
+    (verified,) = [e["extra_info"] for e in entries if "capacity_process_peaks" in e["extra_info"]]
+    peaks = verified["capacity_process_peaks"]  # the whole process, and its share per device (4 devices)
+    assert peaks and verified["capacity_process_peaks_per_device"] == [p // 4 for p in peaks]
