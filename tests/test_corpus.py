@@ -89,18 +89,22 @@ def test_donation_report_on_shapes_says_what_the_call_would_donate():
     assert [r.value for r in report.rows if r.path == "args[2]"] == ["float32[16,8]"]
 
 
+def _values(tree):
+    """Every array leaf's values, a typed key's as its key data."""
+    return [np.asarray(jax.random.key_data(x) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else x)
+            for x in jax.tree_util.tree_leaves(tree) if isinstance(x, jax.Array)]
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_compare_donation_takes_every_step(name):
     case = corpus.BY_NAME[name]
     args, kwargs = case.start(corpus.N)
-    before = [np.asarray(jax.random.key_data(x) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else x)
-              for x in jax.tree_util.tree_leaves((args, kwargs)) if isinstance(x, jax.Array)]
+    before = _values((args, kwargs))
     comparison = filtx.compare_donation(case.step, *args, rounds=2, calls=2, progress=False, **kwargs)
     assert comparison.rows and all(r.error is None for r in comparison.rows)
     assert all(r.same_result for r in comparison.rows), str(comparison)
     assert all(r.peak_bytes for r in comparison.rows)
-    after = [np.asarray(jax.random.key_data(x) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else x)
-             for x in jax.tree_util.tree_leaves((args, kwargs)) if isinstance(x, jax.Array)]
+    after = _values((args, kwargs))
     assert all(np.array_equal(a, b) for a, b in zip(before, after))  # run on copies: nothing of the caller's changed
 
 
