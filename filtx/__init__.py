@@ -48,7 +48,9 @@ owns, its words, and what it may import.
     check, the decorator form, equality, what pickling and `replace` carry)
   - `lowering`: the ahead-of-time stages (`.trace`, `.lower`, `.eval_shape`, `.clear_cache`)
   - `export`: `jax.export` over whole pytrees, and `call_exported`
-  - `pickling`: wrappers pickled as the public call that made them
+  - `pickling`: wrappers pickled as the public call that made them, or by name
+    where a module holds them
+  - `released`: the paths released pickles name, kept loadable; `publish`
   - `typing`: the wrappers' static types
   - `sharding`: shardings per leaf, read against a mesh, checked by path; arguments
     not placed yet that in_shardings splits over Explicit axes (`ReplicatedArgumentWarning`)
@@ -94,7 +96,7 @@ from ._tools.compare.capacity import compare_capacity
 from ._tools.compare.capacity_result import CapacityComparison, CapacityRow
 from ._tools.donation_report import DonationReport, DonationRow, donation_report
 from ._tools.explain import Explanation, SignatureSummary, explain
-from ._transforms.pickling import publish as _publish
+from ._transforms.released import publish as _publish
 
 # Tracebacks through JAX's API boundaries hide filtx's frames, as they hide JAX's.
 _exclude_from_tracebacks(_os.path.dirname(__file__))

@@ -40,7 +40,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import filtx
-from filtx._transforms import pickling as _pickling, wrapper as _wrapper
+from filtx._transforms import pickling as _pickling, released as _kept_paths, wrapper as _wrapper
 
 TESTS = pathlib.Path(__file__).parent
 FIXTURES = TESTS / "fixtures"
@@ -187,6 +187,37 @@ def test_module_level_wrappers_pickle_by_name():
     assert x.is_deleted()  # the option travelled: donated
 
 
+def test_a_module_level_wrapper_holding_a_mesh_pickles_by_name_as_a_function_does():
+    """`step = filter_jit(train_step, mesh=mesh, in_shardings=...)` at the top of
+    an importable module (tests/corpus.py) pickles by that name, with pickle and
+    cloudpickle alike, though its options hold a Mesh: the other process
+    imports the module and finds the same wrapper, made there."""
+    import corpus
+
+    for wrapper in (corpus.parallel, corpus.specs, corpus.dropout):
+        payload = pickle.dumps(wrapper)
+        assert pickle.loads(payload) is wrapper and cloudpickle.loads(cloudpickle.dumps(wrapper)) is wrapper
+        name = next(n for n, v in vars(corpus).items() if v is wrapper)
+        assert _globals(payload) == [("corpus", name)]  # the name, nothing of filtx, no option
+    # Made again elsewhere (not the module's), it is no module's name: its options travel, and refuse the mesh.
+    with pytest.raises(pickle.PicklingError, match=r"top level of its function's module"):
+        pickle.dumps(corpus.parallel.replace(donate="none"))
+
+
+def test_pickling_and_the_wrapper_do_not_import_each_other():
+    """No import circle: `wrapper` imports `pickling`, `released` imports both,
+    `pickling` imports neither."""
+    import ast
+
+    def imports(name):
+        tree = ast.parse((TESTS.parent / "filtx" / "_transforms" / f"{name}.py").read_text())
+        return {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level == 1}
+
+    assert imports("pickling").isdisjoint({"wrapper", "released"})
+    assert "released" not in imports("wrapper") and "pickling" in imports("wrapper")
+    assert {"pickling", "wrapper"} <= imports("released")
+
+
 def test_a_wrapper_rebuilt_as_a_pytree_pickles_as_the_user_gave_it():
     wrapper = filtx.filter_jit(functools.partial(_pickled.scale, n=jnp.asarray(2.0)))
     rebuilt = jax.tree_util.tree_map(lambda x: x, wrapper)
@@ -227,7 +258,7 @@ def _released_name(name):
     if name == "Bound":
         return _wrapper.Bound
     if name == "_Table":
-        return _pickling._empty_table
+        return _kept_paths._empty_table
     return getattr(filtx, name)
 
 
@@ -238,18 +269,18 @@ def test_the_remake_path_does_not_move_and_released_paths_name_public_objects():
     assert importlib.import_module(REMAKE[0]).remake is _pickling.remake
     assert (_pickling.remake.__module__, _pickling.remake.__qualname__) == REMAKE
     assert "`filtx._pickling.remake`" in (TESTS.parent / "filtx" / "_transforms" / "README.md").read_text()
-    assert set(_pickling.RELEASED) == {"0.2.0", "0.3.0"}
-    for release, paths in _pickling.RELEASED.items():
+    assert set(_kept_paths.RELEASED) == {"0.2.0", "0.3.0"}
+    for release, paths in _kept_paths.RELEASED.items():
         for path, names in paths.items():
             module = importlib.import_module(path)
             for name in names:
                 assert getattr(module, name) is _released_name(name), (release, path, name)
-            if isinstance(module.__spec__.loader, _pickling._AliasFinder):
+            if isinstance(module.__spec__.loader, _kept_paths._AliasFinder):
                 refused = rf"module '{path}' has no attribute 'Wrapper'.*use filtx.Wrapper"
                 with pytest.raises(AttributeError, match=refused):
                     module.Wrapper  # noqa: B018
     # 0.2.0's paths are aliases; 0.3.0's are filtx's own modules today.
-    assert isinstance(importlib.import_module("filtx._caches").__spec__.loader, _pickling._AliasFinder)
+    assert isinstance(importlib.import_module("filtx._caches").__spec__.loader, _kept_paths._AliasFinder)
     assert importlib.import_module("filtx._core.roles").__file__.endswith("roles.py")
     # A table that 0.2.0 cloudpickled with a function loads as an empty dict.
     assert pickle.loads(b"cfiltx._caches\n_Table\n)R.") == {}
@@ -259,7 +290,7 @@ def test_a_module_moved_later_still_loads_what_its_path_named(monkeypatch):
     """Were a module of 0.3.0 moved, the alias finder makes its path, and the
     folders above it, from `ALIASES`: a real module is never hidden."""
     path = "filtx._moved_folder.deeper.result"
-    monkeypatch.setitem(_pickling.ALIASES, path, ("DonationComparison", "traced"))
+    monkeypatch.setitem(_kept_paths.ALIASES, path, ("DonationComparison", "traced"))
     try:
         module = importlib.import_module(path)
         assert module.DonationComparison is filtx.DonationComparison and module.traced is filtx.traced
@@ -521,7 +552,7 @@ def test_released_pickles_name_what_the_alias_tables_keep():
         payloads, checks = _released(release)
         for name, payload in payloads.items():
             for module, attr in _of_filtx(payload):
-                kept = _pickling.RELEASED[release].get(module, ())
+                kept = _kept_paths.RELEASED[release].get(module, ())
                 assert (module, attr) == REMAKE or attr in kept, (release, name, module, attr)
     payloads, checks = _released("0.2.0")
     mains = [n for n in payloads if n.startswith("main_")]

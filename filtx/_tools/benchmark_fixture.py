@@ -81,4 +81,5 @@ class DonationBenchmark:
 
 
 _CAPACITY = ("n", "peak_bytes", "over", "over_peak_bytes", "limit", "headroom", "device_peak_bytes", "verified", "error",
-             "timed", "best_n", "best_throughput", "largest_share", "timing")
+             "timed", "best_n", "best_throughput", "largest_share", "timing",
+             "process_peaks", "process_peaks_per_device")  # verify=True on CPU: the whole process, and per device

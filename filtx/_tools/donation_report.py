@@ -117,7 +117,9 @@ def donation_report(wrapped: Any, /, *args, **kwargs) -> DonationReport:
 
     - `wrapped`: a function made by `filtx.filter_jit` or `filtx.filter_pmap`
         (a bound method of one too).
-    - `*args`, `**kwargs`: the arguments of the call to report on.
+    - `*args`, `**kwargs`: the arguments of the call to report on. A
+        `jax.ShapeDtypeStruct` stands for an array, as in `.lower` (placed by
+        its sharding where it carries one): nothing need be allocated.
 
     **Returns:**
 
@@ -147,7 +149,10 @@ def donation_report(wrapped: Any, /, *args, **kwargs) -> DonationReport:
         args = tuple(wrapped.args) + args
         kwargs = {**wrapped.keywords, **kwargs}
         wrapped = wrapped.func
-    split, entry, dynamic = inspect_call(wrapped, args, kwargs)
+    if hasattr(wrapped, "_entry") and any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree_util.tree_leaves((args, kwargs))):
+        entry, dynamic, split = wrapped._entry(args, kwargs)  # shapes, as `.lower` takes them
+    else:
+        split, entry, dynamic = inspect_call(wrapped, args, kwargs)
     plan, pattern, root = split.plan, split.pattern, split.root
     depth = hidden_depth()
     try:
@@ -155,7 +160,7 @@ def donation_report(wrapped: Any, /, *args, **kwargs) -> DonationReport:
     finally:
         show_jax_warning(depth)
     out_avals = jax.tree_util.tree_leaves(arrays)
-    in_avals = [jax.typeof(x) for x in dynamic]
+    in_avals = [x if isinstance(x, jax.ShapeDtypeStruct) else jax.typeof(x) for x in dynamic]
     donated = list(plan.donate_mask) if pattern is None else unique_donation(pattern, plan.donate_mask)
     argnums = tuple(i for i, d in enumerate(donated) if d)
     beside_refs = set(argnums) - set(donations_beside_refs(dynamic, out_avals, argnums))

@@ -250,7 +250,7 @@ def compare_capacity(
                 resolution=resolution, largest=largest, hint=hint,
             )
             checked = tuple(_check_size(probe, n, label, show, loop_limit) for n in extra_sizes)
-            note = _still_donates(groups, names, standing) if "none" in names else None
+            note = _still_donates(groups, names, (args, kwargs)) if "none" in names else None
             row = _row(label, names, found, probe, checked, time.perf_counter() - t0, loop_limit, ahead, note)
             probes.append(probe)
             if row.n is None:
@@ -344,10 +344,13 @@ def _row(label: str, names: tuple, found: Any, probe: Probe, checked: tuple, sec
     )
 
 
-def _still_donates(groups: Any, names: tuple, standing: tuple) -> str | None:
-    """What the `"none"` row donates all the same (a `filtx.donate` in `specs=`), in words; None if nothing."""
+def _still_donates(groups: Any, names: tuple, shapes: tuple) -> str | None:
+    """What the `"none"` row donates all the same (a `filtx.donate` in `specs=`), in words; None if nothing.
+    Reported on `make_args`' own shapes (placed as they say), never the stand-ins: no warning of the tool's own."""
+    args, kwargs = shapes
     try:
-        report = donation_report(groups.make(names[0]), *groups.args, **groups.kwargs)
+        prefix = groups.args[:len(groups.args) - len(args)]  # a bound method's instance
+        report = donation_report(groups.make(names[0]), *prefix, *args, **{**groups.kwargs, **kwargs})
         paths = [r.path for r in report.donated]
     except Exception:  # no report for this step: nothing said
         return None

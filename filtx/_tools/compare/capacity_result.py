@@ -40,7 +40,9 @@ class CapacityRow:
         mode at `n` (its arguments included), where verified on a GPU or TPU;
         `process_peaks`: on CPU with `verify=True`, each fresh process's peak
         resident memory above its memory after import, running the loop at
-        `n`; `verified` says how (`"a 10-step loop"`) or why not
+        `n`: the whole process, not per device (its virtual devices share it;
+        `as_dicts()` gives each peak's share per device beside it,
+        `process_peaks_per_device`); `verified` says how (`"a 10-step loop"`) or why not
         (`"predicted only: ..."`).
     - `probes`: the sizes compiled; `tried`: each `(size, predicted peak)`;
         `seconds`: the search's time; `devices`: the devices the step runs on.
@@ -214,7 +216,8 @@ class CapacityComparison:
             d = dataclasses.asdict(row)
             d["modes"] = list(row.modes)
             d["tried"] = [list(t) for t in row.tried]
-            d["process_peaks"] = list(row.process_peaks)
+            d["process_peaks"] = list(row.process_peaks)  # the whole process
+            d["process_peaks_per_device"] = [p // max(1, row.devices) for p in row.process_peaks]
             d["timed"] = [list(t) for t in row.timed]
             d["limit"], d["headroom"] = self.limit, self.headroom
             out.append(d)
@@ -227,7 +230,10 @@ class CapacityComparison:
     def __str__(self) -> str:
         device = any(r.device_peak_bytes is not None for r in self.rows)
         processes = any(r.process_peaks for r in self.rows)
-        extra = (("device peak",) if device else ()) + (("process peak",) if processes else ())
+        devices = max((r.devices for r in self.rows), default=1)
+        shared = processes and devices > 1  # devices share one process: its peak and each one's share
+        extra = (("device peak",) if device else ()) + (("process peak (whole)",) if processes else ()) + (
+            (f"its share (1/{devices})",) if shared else ())
         timed = any(r.timed for r in self.rows)
         speed = ("best n", f"best {self.samples_unit}", "x none's", "n's share") if timed else ()
         header = ("mode", "n", "x none", "loop peak", "step (XLA)", "in flight") + extra + (
@@ -240,7 +246,8 @@ class CapacityComparison:
                     str(r.over or "-"), format_bytes(r.over_peak_bytes), str(r.probes)) + rates)
                 continue
             measured = ((format_bytes(r.device_peak_bytes),) if device else ()) + (
-                (_span(r.process_peaks),) if processes else ())
+                (_span(r.process_peaks),) if processes else ()) + (
+                (_span(tuple(p // devices for p in r.process_peaks)),) if shared else ())
             body.append((
                 r.mode, ("any" if self._any_size(r) else str(r.n)) + ("!" if r.unsafe else "") + ("~" if r.stopped else ""),
                 "-" if r.ratio is None else f"{r.ratio:.2f}", format_bytes(r.peak_bytes),
@@ -249,8 +256,8 @@ class CapacityComparison:
             ) + measured + (
                 "none" if r.over is None else str(r.over), format_bytes(r.over_peak_bytes), str(r.probes),
             ) + rates)
-        devices = max((r.devices for r in self.rows), default=1)
         per = f", bytes per device ({devices} devices)" if devices > 1 else ""
+        per += ", but the process peak: the whole process" if processes else ""
         summary = (
             f"{self.function}: the largest n under {format_bytes(self.limit)} ({self.limit_source}), "
             f"to {self.resolution:.0%}" + (f", multiples of {self.multiple_of}" if self.multiple_of > 1 else "") + per
@@ -308,7 +315,10 @@ class CapacityComparison:
             notes.append("device peak: the allocator's peak over a real loop at n, its arguments included")
         if processes:
             text = next(r.verified for r in self.rows if r.process_peaks)
-            notes.append(f"process peak: {text}, lowest to highest")
+            devices = max((r.devices for r in self.rows), default=1)
+            whole = "the whole process" + (f" (its {devices} devices together)" if devices > 1 else "")
+            notes.append(f"process peak: {whole}: {text}, lowest to highest"
+                         + (f"; its share: the same over {devices} devices" if devices > 1 else ""))
         notes.extend(self._timing_notes())
         return notes
 

@@ -13,11 +13,13 @@ from typing import Any, Callable
 import jax
 
 from ..._core.errors import keystr
+from ..._core.roles import is_ref
 from .loop import WHOLE, Feeding, array_like
 
 __all__ = ["Sizes", "Counting", "loop_bytes", "FED", "BATCH", "FIXED"]
 
 FED, BATCH, FIXED = "fed", "batch", "fixed"
+REF = "ref"  # how a table line says a jax.Ref is held (counted as FIXED)
 
 
 class Sizes:
@@ -105,7 +107,9 @@ class Counting:
     """How a loop holds each leaf of `(args, kwargs)`, learned once from the
     step's abstract output: `FED` where an output feeds it back (`Feeding`'s
     rule, or `feed=`), `FIXED` where `fixed=` names it (or an argument above
-    it), `BATCH` otherwise (new every step: the safe side).
+    it), `BATCH` otherwise (new every step: the safe side). A `jax.Ref` is no
+    array leaf: its bytes are in the step's figure once, and its line says so
+    (`REF`).
 
     `fixed` holds argument paths as the table prints them: `"args[2]"`,
     `"kwargs['table']"`, or deeper (`"args[0].frozen"`); a bare keyword's name
@@ -116,6 +120,7 @@ class Counting:
         self.fixed = _fixed_paths(fixed)
         self.kinds: list[str] | None = None
         self.paths: list[str] = []
+        self.refs: set[str] = set()  # the paths of jax.Refs: held once, updated in place
 
     def learn(self, args: tuple, kwargs: dict, out: Any) -> None:
         if self.kinds is not None:
@@ -130,6 +135,7 @@ class Counting:
         fed = [id(x) in from_out for x in jax.tree_util.tree_leaves(new)]
         leaves = jax.tree_util.tree_flatten_with_path((tuple(args), dict(kwargs)))[0]
         self.paths = [_path(p) for p, _ in leaves]
+        self.refs = {path for path, (_, x) in zip(self.paths, leaves) if is_ref(x)}
         unknown = [f for f in self.fixed if not any(_under(path, f) for path in self.paths)]
         if unknown:
             raise ValueError(
@@ -167,11 +173,11 @@ class Counting:
         """One `(argument, how it is counted)` per top-level argument, as the table prints them."""
         tops: dict[str, set] = {}
         for path, kind in zip(self.paths, self.kinds or ()):
-            tops.setdefault(_top(path), set()).add(kind)
+            tops.setdefault(_top(path), set()).add(REF if path in self.refs else kind)
         sources = dict(enumerate(self.feeding.sources)) if self.feed is None else {}
         out = []
         for top, kinds in tops.items():
-            parts = [_HOW[k](top, sources) for k in (FED, BATCH, FIXED) if k in kinds]
+            parts = [_HOW[k](top, sources) for k in (FED, BATCH, FIXED, REF) if k in kinds]
             out.append((top, "; ".join(parts) if len(parts) == 1 else "partly " + ", partly ".join(parts)))
         return tuple(out)
 
@@ -188,6 +194,7 @@ _HOW = {
     FED: _fed_how,
     BATCH: lambda top, sources: "new each step (a batch)",
     FIXED: lambda top, sources: "fixed, counted once (fixed=)",
+    REF: lambda top, sources: "a jax.Ref, updated in place: counted once",
 }
 
 

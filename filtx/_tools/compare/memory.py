@@ -2,10 +2,13 @@
 fresh copies (placed as the originals are), deleted buffers, how many steps may
 be in flight, the device allocator's own peak for one piece of work
 (`OwnPeak`), the memory a compiled step needs per device, and whether two
-results agree."""
+results agree. Extended dtypes count as JAX stores them: a typed PRNG key
+(`jax.random.key`) by its key data, in bytes, in host memory and in a
+comparison of results (NumPy has no key dtype)."""
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable
 
@@ -19,7 +22,7 @@ from ..._core.roles import is_ref
 __all__ = [
     "fresh", "fresh_tree", "is_deleted", "block", "in_flight_window", "device_memory", "OwnPeak",
     "memory_figures", "outputs_differ", "executable", "analysis_parts", "shard_bytes", "input_shardings",
-    "argument_shardings",
+    "argument_shardings", "element_bytes", "host_zeros", "put_host",
 ]
 
 
@@ -223,7 +226,51 @@ def shard_bytes(aval: Any, sharding: Any) -> int:
         shape = sharding.shard_shape(aval.shape)
     except Exception:  # no sharding known: the whole array
         shape = aval.shape
-    return math.prod(shape) * np.dtype(aval.dtype).itemsize
+    return math.prod(shape) * element_bytes(aval.dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def element_bytes(dtype: Any) -> int:
+    """The bytes of one element of `dtype`, extended dtypes included: a typed
+    PRNG key (`jax.random.key`) holds its key data (2 uint32 for
+    `threefry`), which NumPy cannot read off its dtype."""
+    if not jax.dtypes.issubdtype(dtype, jax.dtypes.extended):
+        return np.dtype(dtype).itemsize
+    size = getattr(dtype, "itemsize", None)
+    if size is None and _is_key(dtype):
+        data = jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct((), dtype))
+        size = math.prod(data.shape) * np.dtype(data.dtype).itemsize
+    return int(size or 0)
+
+
+def _is_key(dtype: Any) -> bool:
+    return jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+
+
+def host_zeros(shape: tuple, dtype: Any) -> np.ndarray:
+    """Zeros of `shape` and `dtype` in host memory, a batch as a loop holds it
+    before putting it on the device; for a typed PRNG key, its key data
+    (NumPy has no key dtype)."""
+    if _is_key(dtype):
+        data = jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct(tuple(shape), dtype))
+        return np.zeros(data.shape, data.dtype)
+    return np.zeros(shape, dtype)
+
+
+def put_host(host: np.ndarray, dtype: Any, placement: Any) -> jax.Array:
+    """`host_zeros`' array on the device, placed by `placement` (None: the
+    default device), of `dtype` (a key wrapped from its key data)."""
+    if _is_key(dtype):
+        impl = jax.random.key_impl(jnp.zeros((), dtype))
+        return jax.device_put(jax.random.wrap_key_data(host, impl=impl), placement)
+    return jax.device_put(host, placement)
+
+
+def _comparable(x: Any) -> np.ndarray:
+    """A leaf as a NumPy array: a typed PRNG key as its key data."""
+    if isinstance(x, jax.Array) and _is_key(x.dtype):
+        x = jax.random.key_data(x)
+    return np.asarray(jax.device_get(x))
 
 
 def outputs_differ(a: Any, b: Any, rtol: float = 1e-6) -> tuple[bool, float | None]:
@@ -236,7 +283,7 @@ def outputs_differ(a: Any, b: Any, rtol: float = 1e-6) -> tuple[bool, float | No
     same, largest = True, 0.0
     for x, y in zip(la, lb):
         if isinstance(x, (jax.Array, np.ndarray, np.generic)) or isinstance(y, (jax.Array, np.ndarray, np.generic)):
-            x, y = np.asarray(jax.device_get(x)), np.asarray(jax.device_get(y))
+            x, y = _comparable(x), _comparable(y)
             if x.shape != y.shape or x.dtype != y.dtype:
                 return False, None
             if x.size == 0:

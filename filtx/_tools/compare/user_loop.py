@@ -11,11 +11,10 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from .counting import BATCH, Counting
 from .loop import array_like
-from .memory import block, fresh, is_deleted
+from .memory import block, fresh, host_zeros, is_deleted, put_host
 
 __all__ = ["UserLoop", "run_loop", "materialize", "materialize_tree"]
 
@@ -43,12 +42,13 @@ class _HostFed:
 
     def __init__(self, args0: tuple, kwargs0: dict, kinds: list):
         leaves, self.treedef = jax.tree_util.tree_flatten((tuple(args0), dict(kwargs0)))
-        self.host = [np.zeros(x.shape, x.dtype) if k == BATCH and array_like(x) else None for x, k in zip(leaves, kinds)]
+        self.host = [host_zeros(x.shape, x.dtype) if k == BATCH and array_like(x) else None for x, k in zip(leaves, kinds)]
+        self.dtypes = [getattr(x, "dtype", None) for x in leaves]
         self.place = [getattr(x, "sharding", None) if isinstance(x, (jax.ShapeDtypeStruct, jax.Array)) else None
                       for x in leaves]
 
     def put(self) -> list:
-        return [None if h is None else jax.device_put(h, p) for h, p in zip(self.host, self.place)]
+        return [None if h is None else put_host(h, d, p) for h, d, p in zip(self.host, self.dtypes, self.place)]
 
     def fill(self, args: tuple, kwargs: dict, batch: list) -> tuple[tuple, dict]:
         leaves = jax.tree_util.tree_leaves((tuple(args), dict(kwargs)))
