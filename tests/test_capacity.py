@@ -1,6 +1,7 @@
 """filtx.compare_capacity: the largest size each donation mode fits under a
 memory limit, from compiles of abstract arguments, with a loop's peak there."""
 
+import dataclasses
 import functools
 import json
 import math
@@ -564,3 +565,66 @@ def test_on_cpu_verify_wants_a_step_that_pickles():
 
     with pytest.raises(ValueError, match=r"verify=True\) on CPU runs your loop in fresh processes.*must pickle"):
         compare_capacity(filtx.filter_jit(sgd), make_args, limit=2**23, verify=True)
+
+
+# -- the timing verdict: a winner only beyond the rounds' spread (issue 59) ------------------------
+
+from filtx._tools.compare.capacity_result import CapacityComparison, CapacityRow, verdict
+from filtx._tools.compare.timing import Timed, spread, timing_fields
+
+
+def _timed_row(mode, n, rounds, samples=lambda n: n):
+    """A row timed at one size `n` from per-round seconds per step, through the timing job's own fields."""
+    done = Timed()
+    done.times = list(rounds)
+    fields = timing_fields((n,), n, {(0, n): done}, 0, samples, (), "synthetic rounds")
+    return CapacityRow(mode, (mode,), n=n, peak_bytes=1, **fields)
+
+
+def _comparison(*rows):
+    none = next(r for r in rows if r.mode == "none")
+    rows = tuple(dataclasses.replace(r, throughput_ratio=r.best_throughput / none.best_throughput) for r in rows)
+    return CapacityComparison("step", rows, 2**20)
+
+
+def test_verdict_rule_on_synthetic_rounds():
+    # overlapping spreads tie, whatever the medians say
+    labels, tie = verdict([("a", 100.0, 90.0, 110.0), ("b", 95.0, 80.0, 91.0)])
+    assert tie and labels == ("a", "b")
+    # spreads apart but medians within 5 %: a tie (one process's rounds are not fresh processes)
+    labels, tie = verdict([("a", 100.0, 99.5, 100.5), ("b", 96.0, 95.5, 96.5)])
+    assert tie and labels == ("a", "b")
+    # more than 10 % ahead, spreads apart: a winner, and only the modes that tie are listed
+    labels, tie = verdict([("b", 88.0, 87.0, 89.0), ("a", 100.0, 99.0, 101.0), ("c", 97.0, 96.0, 98.0)])
+    assert tie and labels == ("a", "c")
+    labels, tie = verdict([("b", 88.0, 87.0, 89.0), ("a", 100.0, 99.0, 101.0)])
+    assert not tie and labels == ("a",)
+    # the spread is the rounds' interquartile range
+    assert spread([1.0, 2.0, 3.0, 4.0, 5.0]) == (2.0, 4.0)
+
+
+STEADY = [0.010, 0.0101, 0.0099, 0.0100, 0.0102]  # seconds per step, round by round
+NOISY = [0.0095, 0.0130, 0.0090, 0.0125, 0.0092]  # its median ahead of STEADY's, its spread over it
+FASTER = [t / 1.3 for t in STEADY]
+
+
+def test_verdict_from_rounds_tie_and_winner_in_table_and_dicts():
+    tied = _comparison(_timed_row("none", 100, STEADY), _timed_row("arrays", 100, NOISY))
+    rows, tie = tied.verdict()
+    assert tie and {r.mode for r in rows} == {"none", "arrays"}
+    text = str(tied)
+    assert "fastest that fits: a TIE" in text and "none at n=100" in text and "arrays at n=100" in text
+    assert "spread (IQR)" in text.splitlines()[2]
+    ahead = _comparison(_timed_row("none", 100, STEADY), _timed_row("arrays", 100, FASTER))
+    rows, tie = ahead.verdict()
+    assert not tie and [r.mode for r in rows] == ["arrays"]
+    first = str(ahead).splitlines()[1]
+    assert first.startswith("fastest that fits: arrays at n=100") and "1.30x none's best" in first and "TIE" not in first
+    for comparison, arrays in ((tied, NOISY), (ahead, FASTER)):
+        dicts = json.loads(json.dumps(comparison.as_dicts()))
+        for d, rounds in zip(dicts, (STEADY, arrays)):
+            low, high = np.percentile([100 / t for t in rounds], [25, 75])
+            assert d["best_spread"] == pytest.approx([low, high])
+            assert d["timed_spread"] == [[100, pytest.approx(low), pytest.approx(high), 5]]
+            assert low <= d["best_throughput"] <= high
+            assert f"{low:,.0f} - {high:,.0f}" in str(comparison)

@@ -81,4 +81,4 @@ class DonationBenchmark:
 
 
 _CAPACITY = ("n", "peak_bytes", "over", "over_peak_bytes", "limit", "headroom", "device_peak_bytes", "verified", "error",
-             "timed", "best_n", "best_throughput", "largest_share", "timing")
+             "timed", "timed_spread", "best_n", "best_throughput", "best_spread", "largest_share", "timing")

@@ -163,8 +163,13 @@ def compare_capacity(
         order, each loop built afresh in its round (one loop alive at a time:
         each size was found to fit alone), one untimed call and then a round
         of pipelined calls with one wait, as `compare_donation` times its
-        modes: about 8 s of timed calls per mode (3 rounds at least); the
-        median round is the step's time. Off by default. A size below `n`
+        modes: about 8 s of timed calls per mode (3 rounds at least), and
+        about as long again untimed (each round's build and first call;
+        the donation guide, "Timing what fits", has the measured total);
+        the median round is the step's time, and the rounds' interquartile
+        range its spread. Modes whose best sizes' spreads overlap, or whose
+        medians are within 5 %, TIE: the table lists them and names a
+        winner only where one is ahead beyond the spread. Off by default. A size below `n`
         that does not fit (a figure that does not grow with `n`), or that the
         device has no room for, is not timed, and the row says so.
     - `samples`: the samples a step trains on, for the throughput: a function
@@ -182,7 +187,8 @@ def compare_capacity(
     and throughput at each size timed, the best size, the share of it `n`
     reaches, the ratio to `"none"`'s best), `limit`, `headroom`,
     `arguments` (how each was counted), `str()` a table (with `timing=`, its
-    first lines name the fastest configuration that fits), `as_dicts()`,
+    first lines name the fastest configuration that fits, or the ones that
+    tie with it), `verdict()`, `as_dicts()`,
     `best()`, `fastest()` and `plot()`. A `make_args` whose arguments the step's
     signature does not take is a `ValueError` naming `n` and the argument. A compile that fails for the device's memory counts as "does
     not fit"; any other failure ends that mode's search, which keeps the
