@@ -450,6 +450,65 @@ def test_a_batch_passed_by_keyword_counts_as_one_by_position():
     assert "  kwargs['x']  new each step (a batch)" in str(keyword)
 
 
+def _mlp_step(params, batch):
+    loss = jnp.mean(jnp.tanh(batch @ params["w1"]) @ params["w2"]) ** 2
+    return {k: v - 0.1 * loss * v for k, v in params.items()}, loss
+
+
+def _mlp_step_by_keyword(*, params, batch):
+    return _mlp_step(params, batch)
+
+
+def _mlp_args(n, by_keyword=False):
+    params = {"w1": S((W, 2 * W), jnp.float32), "w2": S((2 * W, W), jnp.float32)}
+    batch = S((n, W), jnp.float32)
+    return ((), {"params": params, "batch": batch}) if by_keyword else ((params, batch), {})
+
+
+def test_state_passed_and_fed_back_by_keyword_counts_as_state():
+    """Issue 59: `step(params=..., batch=...)` holds the same loop as `step(params, batch)`:
+    the params fed back by keyword are a state (by the outputs' look, or by a feed= that
+    returns keywords), so every mode finds the positional step's n, from compiles alone."""
+    limit = dict(limit=6 * 2**20, multiple_of=8)
+    positional = compare_capacity(filtx.filter_jit(_mlp_step), _mlp_args, **limit)
+    keyword_args = functools.partial(_mlp_args, by_keyword=True)
+    by_look = compare_capacity(filtx.filter_jit(_mlp_step_by_keyword), keyword_args, **limit)
+    by_feed = compare_capacity(filtx.filter_jit(_mlp_step_by_keyword), keyword_args,
+                               feed=lambda args, out: {"params": out[0]}, **limit)
+    by_pair = compare_capacity(filtx.filter_jit(_mlp_step_by_keyword), keyword_args,
+                               feed=lambda args, out: ((), {"params": out[0]}), **limit)
+    assert [r.mode for r in positional.rows] == ["none", "arrays"]
+    for keyword in (by_look, by_feed, by_pair):
+        for p, k in zip(positional.rows, keyword.rows):
+            assert abs(k.n - p.n) <= 0.01 * p.n, (k.mode, k.n, p.n)
+            assert k.state_bytes == p.state_bytes and k.batch_bytes == p.batch_bytes
+    assert positional.rows[0].state_bytes == 2 * (W * 2 * W) * 4 > 0
+    assert by_look.arguments == (("kwargs['batch']", "new each step (a batch)"),
+                                 ("kwargs['params']", "fed back from out[0] (a state)"))
+    assert by_look.fed == "kwargs['params'] <- out[0]"
+    assert dict(by_feed.arguments)["kwargs['params']"] == "fed back (a state)"
+
+
+def test_compare_donation_feeds_keyword_state_back():
+    """compare_donation's loop feeds state passed by keyword: by the outputs' look, or by a
+    feed= returning a dict or an (args, kwargs) pair; the results are the positional step's."""
+    params = {"w1": jnp.full((W, 2 * W), 0.01), "w2": jnp.full((2 * W, W), 0.01)}
+    batch = jnp.ones((8, W))
+    positional = filtx.compare_donation(filtx.filter_jit(_mlp_step), params, batch, rounds=2, calls=3)
+    outs = []
+    for feed in (None, lambda args, out: {"params": out[0]}, lambda args, out: ((), {"params": out[0]})):
+        keyword = filtx.compare_donation(filtx.filter_jit(_mlp_step_by_keyword), params=params, batch=batch,
+                                         rounds=2, calls=3, feed=feed)
+        assert [r.error for r in keyword.rows] == [None, None] and all(r.same_result for r in keyword.rows)
+        outs.append(keyword)
+    assert outs[0].fed == "kwargs['params'] <- out[0]"
+    for p, k in zip(positional.rows, outs[0].rows):
+        assert k.reused_bytes == p.reused_bytes and k.peak_bytes == p.peak_bytes
+    with pytest.raises(ValueError, match="feed\\(args, out\\) returned the keyword argument 'state'"):
+        filtx.compare_donation(filtx.filter_jit(_mlp_step_by_keyword), params=params, batch=batch, rounds=1,
+                               calls=1, feed=lambda args, out: {"state": out[0]})
+
+
 def test_a_fixed_argument_is_counted_once():
     def with_table(w, table, x):
         w, loss = sgd(w, x)
