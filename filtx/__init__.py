@@ -90,6 +90,7 @@ from ._tools.compare.donation import compare_donation
 from ._tools.compare.result import DonationComparison, ModeRow
 from ._tools.compare.capacity import compare_capacity
 from ._tools.compare.capacity_result import CapacityComparison, CapacityRow
+from ._tools.compare.loop_options import Loop
 from ._tools.donation_report import DonationReport, DonationRow, donation_report
 from ._tools.explain import Explanation, SignatureSummary, explain
 from ._transforms.pickling import publish as _publish
@@ -154,6 +155,7 @@ __all__ = [
     "compare_capacity",
     "CapacityComparison",
     "CapacityRow",
+    "Loop",
     "MutatedArgumentWarning",
     "InvariantReductionWarning",
     "ReplicatedArgumentWarning",

@@ -509,6 +509,46 @@ def test_compare_donation_feeds_keyword_state_back():
                                calls=1, feed=lambda args, out: {"state": out[0]})
 
 
+def test_the_loop_is_declared_once_as_filtx_loop_or_by_keywords():
+    """Issue 62: feed, fixed, ahead, prefetch and headroom are one `filtx.Loop`, passed as
+    loop= or built from the keywords of the same names (the calls written before it)."""
+    step = filtx.filter_jit(_mlp_step_by_keyword)
+    make_args = functools.partial(_mlp_args, by_keyword=True)
+    loop = filtx.Loop(feed=lambda args, out: {"params": out[0]}, ahead=2, prefetch=0, headroom=0.25)
+    declared = filtx.compare_capacity(step, make_args, limit=2**23, multiple_of=8, loop=loop)
+    keywords = filtx.compare_capacity(step, make_args, limit=2**23, multiple_of=8, feed=loop.feed, ahead=2,
+                                      prefetch=0, headroom=0.25)
+    assert [r.n for r in declared.rows] == [r.n for r in keywords.rows]
+    assert (declared.ahead, declared.prefetch, declared.headroom) == (2, 0, 0.25) == (
+        keywords.ahead, keywords.prefetch, keywords.headroom)
+    assert declared.rows[0].setting == "max_in_flight=2"
+    replaced = filtx.compare_capacity(step, make_args, limit=2**23, multiple_of=8, loop=loop, ahead=1)
+    assert replaced.ahead == 1 and replaced.headroom == 0.25  # a keyword replaces that field of loop=
+    assert filtx.Loop.__module__ == "filtx" and filtx.Loop() == filtx.Loop(None, (), 1, 1, None)
+    with pytest.raises(TypeError, match="compare_capacity\\(\\) got an unexpected keyword argument 'ahaed'"):
+        filtx.compare_capacity(step, make_args, limit=2**23, ahaed=1)
+    with pytest.raises(TypeError, match="compare_capacity: loop is a filtx.Loop"):
+        filtx.compare_capacity(step, make_args, limit=2**23, loop={"ahead": 1})
+    for bad, match in (({"headroom": 1.0}, "headroom is the fraction"), ({"prefetch": -1}, "prefetch is a number"),
+                       ({"feed": 3}, "feed is a function")):
+        with pytest.raises((TypeError, ValueError), match=match):
+            filtx.Loop(**bad)
+
+
+def test_compare_donation_reads_the_loops_feed_and_passes_a_steps_own_loop_keyword():
+    params, batch = {"w1": jnp.full((W, 2 * W), 0.01), "w2": jnp.full((2 * W, W), 0.01)}, jnp.ones((8, W))
+    fed = filtx.compare_donation(filtx.filter_jit(_mlp_step_by_keyword), params=params, batch=batch, rounds=1,
+                                 calls=2, loop=filtx.Loop(feed=lambda args, out: {"params": out[0]}))
+    assert fed.fed == "by feed=" and all(r.error is None and r.same_result for r in fed.rows)
+
+    def with_loop(w, x, *, loop):
+        return w * loop, x.sum()
+
+    own = filtx.compare_donation(filtx.filter_jit(with_loop), jnp.ones(4), jnp.ones(4), rounds=1, calls=2,
+                                 loop=jnp.float32(0.5))
+    assert all(r.error is None for r in own.rows) and own.fed == "args[0] <- out[0]"
+
+
 def test_a_fixed_argument_is_counted_once():
     def with_table(w, table, x):
         w, loss = sgd(w, x)
