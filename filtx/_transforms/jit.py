@@ -270,8 +270,8 @@ def filter_jit(
         state for every call in flight, so this is what makes
         `filtx.compare_capacity(ahead=k)`'s size hold in a loop that never
         waits. It holds nothing of the outputs (each call is waited on by a
-        tiny token program of filtx's, dispatched after it: about 4
-        microseconds), holds when they are deleted or donated onward, and
+        tiny token program of filtx's, dispatched after it: its cost is in
+        docs/performance-notes.md, "What max_in_flight costs"), holds when they are deleted or donated onward, and
         across threads; wrappers that differ only in it share their compiled
         entries (they are not equal). Unset, it costs nothing.
     - `**jitkwargs`: passed to `jax.jit`, except `static_argnums`,
