@@ -168,10 +168,13 @@ def test_plot_draws_throughput_with_the_sizes_that_do_not_fit_greyed(timed, tmp_
         (line,) = [l for l in rates.get_lines() if l.get_label() == row.mode]
         assert list(line.get_xdata()) == [t[0] for t in row.timed]
         assert list(line.get_ydata()) == pytest.approx([t[2] for t in row.timed])
+    assert len(rates.collections) == len(timed.rows)  # each mode's spread over its rounds, shaded
     starts = sorted(_left(p) for p in rates.patches)
     assert starts == pytest.approx(sorted(r.over for r in timed.rows))  # grey past each mode's first size over
     assert all(tuple(p.get_facecolor()[:3]) == pytest.approx(to_rgb(GREY)) for p in rates.patches)
-    assert rates.get_title() == f"fastest that fits: {timed.fastest().mode} at n={timed.fastest().best_n}"
+    rows, tie = timed.verdict()
+    shown = ", ".join(f"{r.mode} at n={r.best_n}" for r in rows)
+    assert rates.get_title() == (f"a tie: {shown}" if tie else f"fastest that fits: {shown}")
 
 
 def _left(patch):
