@@ -24,8 +24,8 @@ from .capacity_result import CPU_HEADROOM_BYTES, CapacityComparison, CapacityRow
 from .counting import Counting, Sizes, check_signature, loop_bytes
 from .device_check import device_check
 from .donation import quiet_donation_warnings
-from .memory import device_memory
 from .loop_options import Loop
+from .memory import device_memory
 from .modes import mode_groups
 from .probe import TOO_BIG, Budget, Probe, device_bytes
 from .process_check import payload_for, process_check

@@ -358,7 +358,7 @@ class CapacityComparison:
                 notes.append(f"{r.mode}: {self.samples_unit} by size: {sizes}")
         if any(r.timed_spread for r in self.rows):
             notes.append(f"spread (IQR): the middle half of the rounds' throughputs; modes tie where their best "
-                         f"sizes' spreads overlap or their medians are within 5 %")
+                         f"sizes' spreads overlap or their medians are within {TIE_WITHIN:.0%}")
         hows = list(dict.fromkeys(r.timing for r in self.rows if r.timing is not None and r.error is None))
         if len(hows) == 1 and all(r.timing == hows[0] for r in self.rows if r.error is None):
             notes.append(f"timing: {hows[0]}")

@@ -127,7 +127,7 @@ def _merged(fed: dict, kwargs: dict) -> dict:
             f"feed(args, out) returned the keyword argument {unknown[0]!r}, which the step's call does not pass "
             f"(its keywords: {', '.join(map(repr, kwargs)) or 'none'}); feed only keywords the step is called with."
         )
-    return {k: fed[k] if k in fed else v for k, v in kwargs.items()}
+    return {k: fed.get(k, v) for k, v in kwargs.items()}
 
 
 def _alike(a: Any, b: Any) -> bool:
