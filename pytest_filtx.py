@@ -26,8 +26,9 @@ backend does not give is left out. With `capacity=make_args` (and
 where a real loop verified it, `capacity_device_peak_bytes`; with
 `capacity_options={"timing": True}` (any other keyword of `compare_capacity`
 goes there too), the throughput at the sizes that fit: `capacity_timed`,
-`capacity_best_n`, `capacity_best_throughput`, `capacity_largest_share`,
-`capacity_timing` and `capacity_samples_unit`.
+`capacity_timed_spread`, `capacity_best_n`, `capacity_best_throughput`,
+`capacity_best_spread`, `capacity_largest_share`, `capacity_timing` and
+`capacity_samples_unit`.
 """
 
 from __future__ import annotations
@@ -45,12 +46,15 @@ def donation_benchmark(request: Any) -> Any:
 
     Call it once per test: `donation_benchmark(step, *args, mode=..., feed=None,
     calls=None, rounds=10, capacity=None, capacity_limit=None,
-    capacity_headroom=None, capacity_options=None, **kwargs)`, with `step`,
-    `feed` and the arguments as in `filtx.compare_donation`, and
+    capacity_headroom=None, capacity_options=None, loop=None, **kwargs)`, with
+    `step`, `feed` and the arguments as in `filtx.compare_donation`, and
     `capacity=make_args`, `capacity_limit=`, `capacity_headroom=` as
     `make_args`, `limit` and `headroom` in `filtx.compare_capacity`
-    (`capacity_options`: its other keywords, `timing=` among them); it returns
-    the step's last output. Entries are
+    (`capacity_options`: its other keywords, `timing=` among them). `loop=`
+    takes a `filtx.Loop`, your loop declared once: its `feed` for the timed
+    rounds, every field for `capacity=` (`feed=` and `capacity_headroom=`
+    beside it replace its fields, as a loop field in `capacity_options`
+    does). It returns the step's last output. Entries are
     grouped by test function (unless a `benchmark(group=...)` marker says
     otherwise), so `--benchmark-compare` and `--benchmark-histogram` set the
     modes side by side."""

@@ -94,6 +94,7 @@ from ._tools.compare.donation import compare_donation
 from ._tools.compare.result import DonationComparison, ModeRow
 from ._tools.compare.capacity import compare_capacity
 from ._tools.compare.capacity_result import CapacityComparison, CapacityRow
+from ._tools.compare.loop_options import Loop
 from ._tools.donation_report import DonationReport, DonationRow, donation_report
 from ._tools.explain import Explanation, SignatureSummary, explain
 from ._transforms.released import publish as _publish
@@ -158,6 +159,7 @@ __all__ = [
     "compare_capacity",
     "CapacityComparison",
     "CapacityRow",
+    "Loop",
     "MutatedArgumentWarning",
     "InvariantReductionWarning",
     "ReplicatedArgumentWarning",

@@ -1,6 +1,7 @@
 """filtx.compare_capacity: the largest size each donation mode fits under a
 memory limit, from compiles of abstract arguments, with a loop's peak there."""
 
+import dataclasses
 import functools
 import json
 import math
@@ -449,6 +450,105 @@ def test_a_batch_passed_by_keyword_counts_as_one_by_position():
     assert "  kwargs['x']  new each step (a batch)" in str(keyword)
 
 
+def _mlp_step(params, batch):
+    loss = jnp.mean(jnp.tanh(batch @ params["w1"]) @ params["w2"]) ** 2
+    return {k: v - 0.1 * loss * v for k, v in params.items()}, loss
+
+
+def _mlp_step_by_keyword(*, params, batch):
+    return _mlp_step(params, batch)
+
+
+def _mlp_args(n, by_keyword=False):
+    params = {"w1": S((W, 2 * W), jnp.float32), "w2": S((2 * W, W), jnp.float32)}
+    batch = S((n, W), jnp.float32)
+    return ((), {"params": params, "batch": batch}) if by_keyword else ((params, batch), {})
+
+
+def test_state_passed_and_fed_back_by_keyword_counts_as_state():
+    """Issue 59: `step(params=..., batch=...)` holds the same loop as `step(params, batch)`:
+    the params fed back by keyword are a state (by the outputs' look, or by a feed= that
+    returns keywords), so every mode finds the positional step's n, from compiles alone."""
+    limit = dict(limit=6 * 2**20, multiple_of=8)
+    positional = compare_capacity(filtx.filter_jit(_mlp_step), _mlp_args, **limit)
+    keyword_args = functools.partial(_mlp_args, by_keyword=True)
+    by_look = compare_capacity(filtx.filter_jit(_mlp_step_by_keyword), keyword_args, **limit)
+    by_feed = compare_capacity(filtx.filter_jit(_mlp_step_by_keyword), keyword_args,
+                               feed=lambda args, out: {"params": out[0]}, **limit)
+    by_pair = compare_capacity(filtx.filter_jit(_mlp_step_by_keyword), keyword_args,
+                               feed=lambda args, out: ((), {"params": out[0]}), **limit)
+    assert [r.mode for r in positional.rows] == ["none", "arrays"]
+    for keyword in (by_look, by_feed, by_pair):
+        for p, k in zip(positional.rows, keyword.rows):
+            assert abs(k.n - p.n) <= 0.01 * p.n, (k.mode, k.n, p.n)
+            assert k.state_bytes == p.state_bytes and k.batch_bytes == p.batch_bytes
+    assert positional.rows[0].state_bytes == 2 * (W * 2 * W) * 4 > 0
+    assert by_look.arguments == (("kwargs['batch']", "new each step (a batch)"),
+                                 ("kwargs['params']", "fed back from out[0] (a state)"))
+    assert by_look.fed == "kwargs['params'] <- out[0]"
+    assert dict(by_feed.arguments)["kwargs['params']"] == "fed back (a state)"
+
+
+def test_compare_donation_feeds_keyword_state_back():
+    """compare_donation's loop feeds state passed by keyword: by the outputs' look, or by a
+    feed= returning a dict or an (args, kwargs) pair; the results are the positional step's."""
+    params = {"w1": jnp.full((W, 2 * W), 0.01), "w2": jnp.full((2 * W, W), 0.01)}
+    batch = jnp.ones((8, W))
+    positional = filtx.compare_donation(filtx.filter_jit(_mlp_step), params, batch, rounds=2, calls=3)
+    outs = []
+    for feed in (None, lambda args, out: {"params": out[0]}, lambda args, out: ((), {"params": out[0]})):
+        keyword = filtx.compare_donation(filtx.filter_jit(_mlp_step_by_keyword), params=params, batch=batch,
+                                         rounds=2, calls=3, feed=feed)
+        assert [r.error for r in keyword.rows] == [None, None] and all(r.same_result for r in keyword.rows)
+        outs.append(keyword)
+    assert outs[0].fed == "kwargs['params'] <- out[0]"
+    for p, k in zip(positional.rows, outs[0].rows):
+        assert k.reused_bytes == p.reused_bytes and k.peak_bytes == p.peak_bytes
+    with pytest.raises(ValueError, match="feed\\(args, out\\) returned the keyword argument 'state'"):
+        filtx.compare_donation(filtx.filter_jit(_mlp_step_by_keyword), params=params, batch=batch, rounds=1,
+                               calls=1, feed=lambda args, out: {"state": out[0]})
+
+
+def test_the_loop_is_declared_once_as_filtx_loop_or_by_keywords():
+    """Issue 62: feed, fixed, ahead, prefetch and headroom are one `filtx.Loop`, passed as
+    loop= or built from the keywords of the same names (the calls written before it)."""
+    step = filtx.filter_jit(_mlp_step_by_keyword)
+    make_args = functools.partial(_mlp_args, by_keyword=True)
+    loop = filtx.Loop(feed=lambda args, out: {"params": out[0]}, ahead=2, prefetch=0, headroom=0.25)
+    declared = filtx.compare_capacity(step, make_args, limit=2**23, multiple_of=8, loop=loop)
+    keywords = filtx.compare_capacity(step, make_args, limit=2**23, multiple_of=8, feed=loop.feed, ahead=2,
+                                      prefetch=0, headroom=0.25)
+    assert [r.n for r in declared.rows] == [r.n for r in keywords.rows]
+    assert (declared.ahead, declared.prefetch, declared.headroom) == (2, 0, 0.25) == (
+        keywords.ahead, keywords.prefetch, keywords.headroom)
+    assert declared.rows[0].setting == "max_in_flight=2"
+    replaced = filtx.compare_capacity(step, make_args, limit=2**23, multiple_of=8, loop=loop, ahead=1)
+    assert replaced.ahead == 1 and replaced.headroom == 0.25  # a keyword replaces that field of loop=
+    assert filtx.Loop.__module__ == "filtx" and filtx.Loop() == filtx.Loop(None, (), 1, 1, None)
+    with pytest.raises(TypeError, match="compare_capacity\\(\\) got an unexpected keyword argument 'ahaed'"):
+        filtx.compare_capacity(step, make_args, limit=2**23, ahaed=1)
+    with pytest.raises(TypeError, match="compare_capacity: loop is a filtx.Loop"):
+        filtx.compare_capacity(step, make_args, limit=2**23, loop={"ahead": 1})
+    for bad, match in (({"headroom": 1.0}, "headroom is the fraction"), ({"prefetch": -1}, "prefetch is a number"),
+                       ({"feed": 3}, "feed is a function")):
+        with pytest.raises((TypeError, ValueError), match=match):
+            filtx.Loop(**bad)
+
+
+def test_compare_donation_reads_the_loops_feed_and_passes_a_steps_own_loop_keyword():
+    params, batch = {"w1": jnp.full((W, 2 * W), 0.01), "w2": jnp.full((2 * W, W), 0.01)}, jnp.ones((8, W))
+    fed = filtx.compare_donation(filtx.filter_jit(_mlp_step_by_keyword), params=params, batch=batch, rounds=1,
+                                 calls=2, loop=filtx.Loop(feed=lambda args, out: {"params": out[0]}))
+    assert fed.fed == "by feed=" and all(r.error is None and r.same_result for r in fed.rows)
+
+    def with_loop(w, x, *, loop):
+        return w * loop, x.sum()
+
+    own = filtx.compare_donation(filtx.filter_jit(with_loop), jnp.ones(4), jnp.ones(4), rounds=1, calls=2,
+                                 loop=jnp.float32(0.5))
+    assert all(r.error is None for r in own.rows) and own.fed == "args[0] <- out[0]"
+
+
 def test_a_fixed_argument_is_counted_once():
     def with_table(w, table, x):
         w, loss = sgd(w, x)
@@ -564,3 +664,66 @@ def test_on_cpu_verify_wants_a_step_that_pickles():
 
     with pytest.raises(ValueError, match=r"verify=True\) on CPU runs your loop in fresh processes.*must pickle"):
         compare_capacity(filtx.filter_jit(sgd), make_args, limit=2**23, verify=True)
+
+
+# -- the timing verdict: a winner only beyond the rounds' spread (issue 59) ------------------------
+
+from filtx._tools.compare.capacity_result import CapacityComparison, CapacityRow, verdict
+from filtx._tools.compare.timing import Timed, spread, timing_fields
+
+
+def _timed_row(mode, n, rounds, samples=lambda n: n):
+    """A row timed at one size `n` from per-round seconds per step, through the timing job's own fields."""
+    done = Timed()
+    done.times = list(rounds)
+    fields = timing_fields((n,), n, {(0, n): done}, 0, samples, (), "synthetic rounds")
+    return CapacityRow(mode, (mode,), n=n, peak_bytes=1, **fields)
+
+
+def _comparison(*rows):
+    none = next(r for r in rows if r.mode == "none")
+    rows = tuple(dataclasses.replace(r, throughput_ratio=r.best_throughput / none.best_throughput) for r in rows)
+    return CapacityComparison("step", rows, 2**20)
+
+
+def test_verdict_rule_on_synthetic_rounds():
+    # overlapping spreads tie, whatever the medians say
+    labels, tie = verdict([("a", 100.0, 90.0, 110.0), ("b", 95.0, 80.0, 91.0)])
+    assert tie and labels == ("a", "b")
+    # spreads apart but medians within 5 %: a tie (one process's rounds are not fresh processes)
+    labels, tie = verdict([("a", 100.0, 99.5, 100.5), ("b", 96.0, 95.5, 96.5)])
+    assert tie and labels == ("a", "b")
+    # more than 10 % ahead, spreads apart: a winner, and only the modes that tie are listed
+    labels, tie = verdict([("b", 88.0, 87.0, 89.0), ("a", 100.0, 99.0, 101.0), ("c", 97.0, 96.0, 98.0)])
+    assert tie and labels == ("a", "c")
+    labels, tie = verdict([("b", 88.0, 87.0, 89.0), ("a", 100.0, 99.0, 101.0)])
+    assert not tie and labels == ("a",)
+    # the spread is the rounds' interquartile range
+    assert spread([1.0, 2.0, 3.0, 4.0, 5.0]) == (2.0, 4.0)
+
+
+STEADY = [0.010, 0.0101, 0.0099, 0.0100, 0.0102]  # seconds per step, round by round
+NOISY = [0.0095, 0.0130, 0.0090, 0.0125, 0.0092]  # its median ahead of STEADY's, its spread over it
+FASTER = [t / 1.3 for t in STEADY]
+
+
+def test_verdict_from_rounds_tie_and_winner_in_table_and_dicts():
+    tied = _comparison(_timed_row("none", 100, STEADY), _timed_row("arrays", 100, NOISY))
+    rows, tie = tied.verdict()
+    assert tie and {r.mode for r in rows} == {"none", "arrays"}
+    text = str(tied)
+    assert "fastest that fits: a TIE" in text and "none at n=100" in text and "arrays at n=100" in text
+    assert "spread (IQR)" in text.splitlines()[2]
+    ahead = _comparison(_timed_row("none", 100, STEADY), _timed_row("arrays", 100, FASTER))
+    rows, tie = ahead.verdict()
+    assert not tie and [r.mode for r in rows] == ["arrays"]
+    first = str(ahead).splitlines()[1]
+    assert first.startswith("fastest that fits: arrays at n=100") and "1.30x none's best" in first and "TIE" not in first
+    for comparison, arrays in ((tied, NOISY), (ahead, FASTER)):
+        dicts = json.loads(json.dumps(comparison.as_dicts()))
+        for d, rounds in zip(dicts, (STEADY, arrays)):
+            low, high = np.percentile([100 / t for t in rounds], [25, 75])
+            assert d["best_spread"] == pytest.approx([low, high])
+            assert d["timed_spread"] == [[100, pytest.approx(low), pytest.approx(high), 5]]
+            assert low <= d["best_throughput"] <= high
+            assert f"{low:,.0f} - {high:,.0f}" in str(comparison)

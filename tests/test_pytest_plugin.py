@@ -24,9 +24,11 @@ BATCH = jnp.ones(8)
 @pytest.mark.parametrize("mode", ["none", "arrays"])
 def test_train_step(donation_benchmark, mode):
     batches = lambda n: ((PARAMS, MOMENTUM, jax.ShapeDtypeStruct((n,), jnp.float32)), {})
+    # the loop by the fixture's keywords ("none"), or declared once as a filtx.Loop ("arrays")
+    loop = dict(capacity_headroom=0) if mode == "none" else dict(loop=filtx.Loop(headroom=0, ahead=1))
     params, momentum, loss = donation_benchmark(
         train_step, PARAMS, MOMENTUM, BATCH, mode=mode, rounds=3, calls=4, capacity=batches, capacity_limit=2**23,
-        capacity_headroom=0, capacity_options={"timing": 2, "max_seconds": 3})
+        capacity_options={"timing": 2, "max_seconds": 3}, **loop)
     assert params["w"].shape == (131072,)
     assert not PARAMS["w"].is_deleted()
 '''
@@ -68,6 +70,10 @@ def test_the_fixture_gives_one_entry_per_mode_with_bytes(pytester, monkeypatch):
         assert all(rate == size / seconds for size, seconds, rate in timed)
         assert info["capacity_best_throughput"] == max(t[2] for t in timed)
         assert info["capacity_best_n"] in (n // 2, n) and 0 < info["capacity_largest_share"] <= 1
+        assert info["capacity_headroom"] == 0  # from capacity_headroom= or from loop=filtx.Loop(headroom=0)
+        spreads = {t[0]: t[1:3] for t in info["capacity_timed_spread"]}  # each size's spread over its rounds
+        assert sorted(spreads) == [n // 2, n] and info["capacity_best_spread"] == spreads[info["capacity_best_n"]]
+        assert all(low <= rate <= high for size, _, rate in timed for low, high in [spreads[size]])
         assert "max_in_flight=1" in info["capacity_timing"]
 
 

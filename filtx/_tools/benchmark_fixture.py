@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 from .compare.donation import calls_per_round, own_peak_calls, quiet_donation_warnings, settle_calls, time_range, unsteady
 from .compare.capacity import compare_capacity
+from .compare.loop_options import Loop
 from .compare.modes import make_runs
 from .compare.memory import device_memory, memory_figures
 
@@ -23,10 +24,14 @@ class DonationBenchmark:
         self, step: Any, /, *args: Any, mode: str | None = None, feed: Callable | None = None,
         calls: int | None = None, rounds: int = 10, capacity: Callable | None = None,
         capacity_limit: int | None = None, capacity_headroom: float | None = None,
-        capacity_options: dict | None = None, **kwargs: Any,
+        capacity_options: dict | None = None, loop: Any = None, **kwargs: Any,
     ) -> Any:
         benchmark = self.benchmark
-        (run,) = make_runs(step, args, kwargs, None if mode is None else [mode], feed)[:1]
+        if loop is not None and not isinstance(loop, Loop):
+            kwargs["loop"], loop = loop, None  # the step's own keyword argument
+        given = {"feed": feed, "headroom": capacity_headroom}
+        loop = Loop.given(loop, "donation_benchmark", {k: v for k, v in given.items() if v is not None})
+        (run,) = make_runs(step, args, kwargs, None if mode is None else [mode], loop.feed)[:1]
         if benchmark.group is None:
             benchmark.group = getattr(self.node, "originalname", None) or self.node.name
         with quiet_donation_warnings():
@@ -70,9 +75,10 @@ class DonationBenchmark:
         if unusable is not None:
             info["unusable"] = list(unusable)
         if capacity is not None:  # what fits in this mode: compare_capacity's row, for make_args `capacity`
-            # capacity_options: compare_capacity's other keywords (timing=, samples=, max_seconds=, fixed=, ...)
-            found = compare_capacity(step, capacity, modes=[run.modes[0]], limit=capacity_limit,
-                                     headroom=capacity_headroom, feed=feed, **(capacity_options or {}))
+            # capacity_options: compare_capacity's other keywords (timing=, samples=, max_seconds=, ...); a
+            # loop's field there (fixed=, ahead=) replaces the fixture's loop's
+            found = compare_capacity(step, capacity, modes=[run.modes[0]], limit=capacity_limit, loop=loop,
+                                     **(capacity_options or {}))
             (row,) = found.as_dicts()
             info.update({f"capacity_{key}": row[key] for key in _CAPACITY if row.get(key) not in (None, [])})
             if row.get("timed"):
@@ -81,5 +87,5 @@ class DonationBenchmark:
 
 
 _CAPACITY = ("n", "peak_bytes", "over", "over_peak_bytes", "limit", "headroom", "device_peak_bytes", "verified", "error",
-             "timed", "best_n", "best_throughput", "largest_share", "timing",
+             "timed", "timed_spread", "best_n", "best_throughput", "best_spread", "largest_share", "timing",
              "process_peaks", "process_peaks_per_device")  # verify=True on CPU: the whole process, and per device

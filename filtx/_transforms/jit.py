@@ -270,17 +270,18 @@ def filter_jit(
         state for every call in flight, so this is what makes
         `filtx.compare_capacity(ahead=k)`'s size hold in a loop that never
         waits. It holds nothing of the outputs (each call is waited on by a
-        tiny token program of filtx's, dispatched after it: about 4
-        microseconds), holds when they are deleted or donated onward, and
-        across threads; it bounds every step, one that returns no array too
-        (a step that updates `jax.Ref`s and returns `None` or a number is
-        waited on through its Refs). Its bookkeeping never fails a call that
-        ran: where the placement around the call (a `jax.set_mesh` on other
-        devices than this wrapper's `mesh=`) refuses the token, it is made
-        outside any mesh; failing that, the call is waited on before it
-        returns, and an `InFlightWarning` (a `RuntimeWarning`) is given once.
-        Wrappers that differ only in it share their compiled entries (they
-        are not equal). Unset, it costs nothing.
+        tiny token program of filtx's, dispatched after it: its cost is in
+        docs/performance-notes.md, "What max_in_flight costs"), holds when
+        they are deleted or donated onward, and across threads; it bounds
+        every step, one that returns no array too (a step that updates
+        `jax.Ref`s and returns `None` or a number is waited on through its
+        Refs). Its bookkeeping never fails a call that ran: where the
+        placement around the call (a `jax.set_mesh` on other devices than
+        this wrapper's `mesh=`) refuses the token, it is made outside any
+        mesh; failing that, the call is waited on before it returns, and an
+        `InFlightWarning` (a `RuntimeWarning`) is given once. Wrappers that
+        differ only in it share their compiled entries (they are not equal).
+        Unset, it costs nothing.
     - `**jitkwargs`: passed to `jax.jit`, except `static_argnums`,
         `static_argnames`, `donate_argnums` and `donate_argnames`, which filtx owns.
 

@@ -24,6 +24,7 @@ from .capacity_result import CPU_HEADROOM_BYTES, CapacityComparison, CapacityRow
 from .counting import Counting, Sizes, check_signature, loop_bytes
 from .device_check import device_check
 from .donation import quiet_donation_warnings
+from .loop_options import Loop
 from .memory import device_memory
 from .modes import mode_groups
 from .probe import TOO_BIG, Budget, Probe, device_bytes
@@ -43,11 +44,11 @@ CPU_HEADROOM = 0.35
 
 
 def compare_capacity(
-    step: Any, make_args: Callable[[int], tuple], /, *, limit: int | None = None, headroom: float | None = None,
-    fixed: Any = (), modes: Any = None, start: int = 1, multiple_of: int = 1, resolution: float = 0.01,
-    largest: int = 2**31 - 1, ahead: int = 1, prefetch: int = 1, sizes: Any = (), feed: Callable | None = None,
-    verify: bool | None = None, verify_steps: int = 10, verify_runs: int = 3, max_compiles: int | None = None,
-    max_seconds: float | None = None, timing: Any = False, samples: Any = None, progress: bool | None = None,
+    step: Any, make_args: Callable[[int], tuple], /, *, limit: int | None = None, loop: Loop | None = None,
+    modes: Any = None, start: int = 1, multiple_of: int = 1, resolution: float = 0.01, largest: int = 2**31 - 1,
+    sizes: Any = (), verify: bool | None = None, verify_steps: int = 10, verify_runs: int = 3,
+    max_compiles: int | None = None, max_seconds: float | None = None, timing: Any = False, samples: Any = None,
+    progress: bool | None = None, **loop_fields: Any,
 ) -> CapacityComparison:
     """How big a batch (or model, or sequence) each donation mode fits: the
     largest size `n` whose training loop stays under a memory limit, per mode,
@@ -102,26 +103,27 @@ def compare_capacity(
         (5 %). On CPU, pass it: the peak resident memory of a fresh process
         running the loop, above its resident memory after import (the
         whole process's growth, not the loop's arrays alone).
-    - `headroom`: the fraction of `limit` kept free for what the prediction
-        does not count. By default `CPU_HEADROOM` on CPU, at least
-        `CPU_HEADROOM_BYTES` (measured: fresh processes at the sizes found
-        stay under the limit; the donation guide has the figures), and 0 on
-        a GPU or TPU (the allocator's peak measured at most the prediction).
-    - `fixed`: the arguments that are the same array every step, counted
-        once: paths as the table prints them (`"args[2]"`,
-        `"kwargs['table']"`, `"args[0].frozen"`), a keyword's name, or a
-        position. Every other argument no output feeds counts as a batch.
+    - `loop`: your loop, a `filtx.Loop` (its page says each field); each
+        field may also be passed as a keyword of the same name (`feed=`,
+        `fixed=`, `ahead=`, `prefetch=`, `headroom=`), which replaces the
+        `loop=` field. What they mean here:
+        - `feed`: which arguments are the state (fed back; by default the
+            outputs that look like arguments, positional or keyword);
+        - `fixed`: the arguments counted once, in the step's figure; every
+            other argument no output feeds is a batch, new each step;
+        - `ahead`: the calls in flight the figure counts (wrap your step with
+            `max_in_flight=ahead`): it holds for that loop, not for one that
+            runs further ahead;
+        - `prefetch`: the batches put on the device ahead of their step;
+        - `headroom`: the fraction of `limit` kept free for what the
+            prediction does not count. By default `CPU_HEADROOM` on CPU, at
+            least `CPU_HEADROOM_BYTES` (measured: fresh processes at the sizes
+            found stay under the limit; the donation guide has the figures),
+            and 0 on a GPU or TPU (the allocator's peak measured at most the
+            prediction).
     - `modes`: the donation modes, as in `compare_donation` (by default the
         wrapper's own, `"none"` and `"arrays"`; modes that donate the same
         leaves share a row).
-    - `ahead`: how many earlier calls may still run when a call is dispatched:
-        wrap your step with `max_in_flight=ahead` (1, the default: the device
-        always has the next step queued; 0: each call waits for the one
-        before). The figure holds for that loop, not for one that runs further
-        ahead.
-    - `prefetch`: the batches your loop puts on the device before the step
-        that takes them (1, the default: the next batch is put while a step
-        runs; 0: each batch is put just before its step).
     - `sizes`: sizes your loop also runs (an eval batch, the last partial
         batch): each is compiled and reported in `checked`; one at most `n`
         that does not fit flags the row (`unsafe`).
@@ -134,8 +136,6 @@ def compare_capacity(
         searches left of it, and a round that would pass it is not started.
     - `resolution`: the size found fits, and `n * (1 + resolution)` (or the next
         multiple) does not: 1 % by default.
-    - `feed`: `feed(args, out) -> next args`, as in `compare_donation`; by
-        default outputs that look like arguments feed them.
     - `verify`: run a short real loop at each mode's size (`verify_steps`
         steps under `max_in_flight=ahead`, outputs fed back, each batch put
         from host memory, `prefetch` ahead, fixed arguments put once) and set
@@ -163,8 +163,13 @@ def compare_capacity(
         order, each loop built afresh in its round (one loop alive at a time:
         each size was found to fit alone), one untimed call and then a round
         of pipelined calls with one wait, as `compare_donation` times its
-        modes: about 8 s of timed calls per mode (3 rounds at least); the
-        median round is the step's time. Off by default. A size below `n`
+        modes: about 8 s of timed calls per mode (3 rounds at least), and
+        about as long again untimed (each round's build and first call;
+        the donation guide, "Timing what fits", has the measured total);
+        the median round is the step's time, and the rounds' interquartile
+        range its spread. Modes whose best sizes' spreads overlap, or whose
+        medians are within 5 %, TIE: the table lists them and names a
+        winner only where one is ahead beyond the spread. Off by default. A size below `n`
         that does not fit (a figure that does not grow with `n`), or that the
         device has no room for, is not timed, and the row says so.
     - `samples`: the samples a step trains on, for the throughput: a function
@@ -182,7 +187,8 @@ def compare_capacity(
     and throughput at each size timed, the best size, the share of it `n`
     reaches, the ratio to `"none"`'s best), `limit`, `headroom`,
     `arguments` (how each was counted), `str()` a table (with `timing=`, its
-    first lines name the fastest configuration that fits), `as_dicts()`,
+    first lines name the fastest configuration that fits, or the ones that
+    tie with it), `verdict()`, `as_dicts()`,
     `best()`, `fastest()` and `plot()`. A `make_args` whose arguments the step's
     signature does not take is a `ValueError` naming `n` and the argument. A compile that fails for the device's memory counts as "does
     not fit"; any other failure ends that mode's search, which keeps the
@@ -213,14 +219,15 @@ def compare_capacity(
         print(capacity)
         ```
     """
-    _check_options(make_args, start, multiple_of, resolution, ahead, prefetch, max_compiles, max_seconds,
-                   verify_steps, verify_runs)
+    loop = Loop.given(loop, "compare_capacity", loop_fields)
+    _check_options(make_args, start, multiple_of, resolution, max_compiles, max_seconds, verify_steps, verify_runs)
+    ahead, prefetch = loop.ahead, loop.prefetch
     timed_sizes = check_timing(timing)
     count, unit = check_samples(samples)
     extra_sizes = _sizes_to_check(sizes)
     limit, limit_source = _limit(limit)
     stats = device_memory()
-    headroom = _headroom(headroom, limit, stats is not None)
+    headroom = _headroom(loop.headroom, limit, stats is not None)
     loop_limit = int(limit * (1 - headroom))
     shapes = Sizes(make_args)
     first_n = max(multiple_of, -(-start // multiple_of) * multiple_of)
@@ -229,9 +236,9 @@ def compare_capacity(
     groups = mode_groups(step, standing[0], standing[1], modes)
     prefix = len(groups.args) - len(args)  # a bound method's instance goes first
     check_signature(groups.given, groups.args[:prefix], args, kwargs, first_n)
-    counting = Counting(feed, fixed)
+    counting = Counting(loop.feed, loop.fixed)
     in_processes = verify is True and stats is None
-    payload = payload_for(step, make_args, feed, fixed) if in_processes else None
+    payload = payload_for(step, make_args, loop.feed, loop.fixed) if in_processes else None
     fun0 = as_pytree(groups.given)
     name = getattr(step, "__qualname__", None) or getattr(groups.given, "__qualname__", None) or type(step).__name__
     show = Progress(progress)
@@ -272,7 +279,7 @@ def compare_capacity(
     none = next((r for r in rows if "none" in r.modes and r.n), None)
     rows = [_replace(r, ratio=None if none is None or r.n is None else r.n / none.n) for r in rows]
     if timed_sizes is not None:
-        loops = Loops(groups, fun0, prefix, counting, ahead, prefetch, loop_limit)
+        loops = Loops(groups, fun0, prefix, counting, loop, loop_limit)
         with quiet_donation_warnings():
             rows = time_rows(rows, probes, loops, timed_sizes, count, multiple_of, first_n, max_seconds, show)
     return CapacityComparison(
@@ -367,20 +374,14 @@ def _largest_leaf(args: tuple, kwargs: dict, scale: float) -> str:
     return f"the largest: {where}, {format_bytes(device_bytes(x, scale))}"
 
 
-def _check_options(make_args, start, multiple_of, resolution, ahead, prefetch, max_compiles, max_seconds,
-                   verify_steps, verify_runs) -> None:
+def _check_options(make_args, start, multiple_of, resolution, max_compiles, max_seconds, verify_steps,
+                   verify_runs) -> None:
     if not callable(make_args):
         raise TypeError(f"compare_capacity: make_args is a function n -> (args, kwargs), got {type(make_args).__name__}.")
     if not (isinstance(start, int) and isinstance(multiple_of, int) and start >= 1 and multiple_of >= 1):
         raise ValueError(f"compare_capacity: start and multiple_of are positive ints, got start={start!r}, multiple_of={multiple_of!r}.")
     if not 0 < resolution < 1:
         raise ValueError(f"compare_capacity: resolution is a fraction between 0 and 1 (0.01 is 1 %), got {resolution!r}.")
-    for name, value in (("ahead", ahead), ("prefetch", prefetch)):
-        if isinstance(value, bool) or not (isinstance(value, int) and value >= 0):
-            raise ValueError(
-                f"compare_capacity: {name} is a number of steps, 0 or more, got {value!r} (ahead: the calls a loop "
-                f"keeps in flight, as max_in_flight= bounds them; prefetch: the batches it puts on the device ahead)."
-            )
     if max_compiles is not None and (isinstance(max_compiles, bool) or not isinstance(max_compiles, int) or max_compiles < 1):
         raise ValueError(f"compare_capacity: max_compiles is a positive int or None, got {max_compiles!r}.")
     if max_seconds is not None and not (isinstance(max_seconds, (int, float)) and max_seconds > 0):
@@ -391,15 +392,10 @@ def _check_options(make_args, start, multiple_of, resolution, ahead, prefetch, m
         raise ValueError(f"compare_capacity: verify_runs is the number of fresh processes on CPU, 1 or more, got {verify_runs!r}.")
 
 
-def _headroom(headroom: Any, limit: int, on_device: bool) -> float:
-    """The fraction of the limit kept free: as given, or the backend's default."""
+def _headroom(headroom: float | None, limit: int, on_device: bool) -> float:
+    """The fraction of the limit kept free: as given (`Loop` checked it), or the backend's default."""
     if headroom is None:
         return 0.0 if on_device else max(CPU_HEADROOM, min(0.5, CPU_HEADROOM_BYTES / limit))
-    if isinstance(headroom, bool) or not isinstance(headroom, (int, float)) or not 0 <= headroom < 1:
-        raise ValueError(
-            f"compare_capacity: headroom is the fraction of limit kept free for what the prediction does not "
-            f"count (0.2: a fifth), from 0 up to 1, got {headroom!r}."
-        )
     return float(headroom)
 
 

@@ -58,7 +58,8 @@ def _peaks(axes: Any, comparison: Any) -> dict:
 
 
 def _throughputs(axes: Any, comparison: Any, colors: dict) -> None:
-    """Each timed mode's throughput against the size, its best starred; past
+    """Each timed mode's throughput against the size, its spread over the
+    rounds shaded, its best starred; past
     each mode's first size over the limit, a grey span (where no mode fits,
     the spans of every mode overlap, darker)."""
     unit = comparison.samples_unit
@@ -70,6 +71,9 @@ def _throughputs(axes: Any, comparison: Any, colors: dict) -> None:
         sizes, _, rates = zip(*r.timed)
         (drawn,) = axes.plot(sizes, rates, "o-", ms=4, color=colors.get(r.mode), label=r.mode)
         axes.plot([r.best_n], [r.best_throughput], "*", ms=13, color=drawn.get_color())
+        if r.timed_spread:  # the spread over the rounds (interquartile range), as the table gives it
+            spread_sizes, lows, highs, _ = zip(*r.timed_spread)
+            axes.fill_between(spread_sizes, lows, highs, color=drawn.get_color(), alpha=0.2, lw=0)
         if r.over is not None:
             axes.axvspan(r.over, right * 1.5, color=GREY, alpha=0.18, lw=0,
                          label=None if labelled else "does not fit (per mode, past its n)")
@@ -78,8 +82,9 @@ def _throughputs(axes: Any, comparison: Any, colors: dict) -> None:
     axes.set_xlim(right=right * 1.5)
     axes.set_xlabel("n")
     axes.set_ylabel(f"throughput ({unit})")
-    fastest = comparison.fastest()
-    axes.set_title(f"fastest that fits: {fastest.mode} at n={fastest.best_n}")
+    rows, tie = comparison.verdict()  # a tie within the rounds' spread names no winner
+    configurations = ", ".join(f"{r.mode} at n={r.best_n}" for r in rows)
+    axes.set_title(f"a tie: {configurations}" if tie else f"fastest that fits: {configurations}")
     axes.legend()
 
 

@@ -11,8 +11,12 @@ from typing import Any
 from .result import format_bytes, table_lines
 
 CPU_HEADROOM_BYTES = 320 * 2**20  # the least headroom compare_capacity keeps on CPU: what a process holds beyond its step
+# Two configurations whose median throughputs differ by less than this tie even where their rounds'
+# spreads do not overlap: one process's rounds agree with fresh processes running the same loop only
+# to a few per cent (issue 59: 2-6 % on a quiet CPU), so a smaller lead is not a winner.
+TIE_WITHIN = 0.05
 
-__all__ = ["CapacityRow", "CapacityComparison"]
+__all__ = ["CapacityRow", "CapacityComparison", "verdict", "TIE_WITHIN"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +73,10 @@ class CapacityRow:
         the best throughput and that throughput; `largest_share`, the
         throughput at `n` over the best (1.0 where `n` is the fastest);
         `throughput_ratio`, `best_throughput` over the `"none"` row's;
-        `timing`, how the loops were timed, or why not.
+        `timing`, how the loops were timed, or why not; `timed_spread`,
+        `(size, low, high, rounds)` for each size timed: the throughput's
+        interquartile range over its rounds (the median round is `timed`'s
+        figure), and `best_spread`, `(low, high)` at `best_n`.
 
     !!! example
 
@@ -125,6 +132,8 @@ class CapacityRow:
     largest_share: float | None = None
     throughput_ratio: float | None = None
     timing: str | None = None
+    timed_spread: tuple = ()
+    best_spread: tuple | None = None
 
     def __repr__(self) -> str:
         """One line: the mode, its size and predicted peak (or why it has none)."""
@@ -209,6 +218,20 @@ class CapacityComparison:
             raise ValueError(f"no mode of this comparison was timed (pass timing=True): {why}")
         return max(timed, key=lambda r: r.best_throughput)
 
+    def verdict(self) -> tuple[tuple[CapacityRow, ...], bool]:
+        """With `timing=`: the rows whose best configurations are fastest, the
+        fastest first, and whether they tie. Rows tie with the fastest where
+        their throughputs' spreads over the rounds overlap (`best_spread`) or
+        their medians differ by less than 5 %; one row alone is ahead of every
+        other beyond the spread (the donation guide, "Reading a verdict")."""
+        fastest = self.fastest()
+        timed = [r for r in self.rows if r.best_throughput is not None]
+        labels, tie = verdict([(i, r.best_throughput, *(r.best_spread or (r.best_throughput,) * 2))
+                               for i, r in enumerate(timed)])
+        rows = tuple(timed[i] for i in labels)
+        assert rows[0] is fastest
+        return rows, tie
+
     def as_dicts(self) -> list[dict[str, Any]]:
         """Every row as a dict of plain values (tuples become lists), ready for `json.dumps`."""
         out = []
@@ -219,6 +242,8 @@ class CapacityComparison:
             d["process_peaks"] = list(row.process_peaks)  # the whole process
             d["process_peaks_per_device"] = [p // max(1, row.devices) for p in row.process_peaks]
             d["timed"] = [list(t) for t in row.timed]
+            d["timed_spread"] = [list(t) for t in row.timed_spread]
+            d["best_spread"] = None if row.best_spread is None else list(row.best_spread)
             d["limit"], d["headroom"] = self.limit, self.headroom
             out.append(d)
         return out
@@ -235,7 +260,7 @@ class CapacityComparison:
         extra = (("device peak",) if device else ()) + (("process peak (whole)",) if processes else ()) + (
             (f"its share (1/{devices})",) if shared else ())
         timed = any(r.timed for r in self.rows)
-        speed = ("best n", f"best {self.samples_unit}", "x none's", "n's share") if timed else ()
+        speed = ("best n", f"best {self.samples_unit}", "spread (IQR)", "x none's", "n's share") if timed else ()
         header = ("mode", "n", "x none", "loop peak", "step (XLA)", "in flight") + extra + (
             "first over", "its peak", "compiles") + speed
         body = []
@@ -266,13 +291,22 @@ class CapacityComparison:
         return "\n".join([summary, *fastest, *table_lines(header, body), *self._notes(device, processes)])
 
     def _fastest_line(self) -> str:
-        """The fastest configuration that fits, across modes, and its ratio to `"none"`'s best."""
-        r = self.fastest()
-        line = f"fastest that fits: {r.mode} at n={r.best_n}, {_rate(r.best_throughput)} {self.samples_unit}"
+        """The verdict: the fastest configuration that fits, ahead of every
+        other mode's best beyond their spreads (and its ratio to `"none"`'s
+        best), or the configurations that TIE with it."""
+        rows, tie = self.verdict()
+        if tie:
+            listed = "; ".join(f"{r.mode} at n={r.best_n}, {_rate(r.best_throughput)} ({_spread(r)})" for r in rows)
+            return (f"fastest that fits: a TIE, within the rounds' spread ({self.samples_unit}, median (IQR)): "
+                    f"{listed}")
+        r = rows[0]
+        line = (f"fastest that fits: {r.mode} at n={r.best_n}, {_rate(r.best_throughput)} {self.samples_unit} "
+                f"({_spread(r)})")
         none = next((x for x in self.rows if "none" in x.modes and x.best_throughput), None)
         if none is None or none is r:
-            return line + ("" if none is None else " (no donating mode beats it)")
-        return line + f": {r.throughput_ratio:.2f}x none's best {self.samples_unit} (n={none.best_n})"
+            return line + ("" if none is None else ", ahead of every donating mode beyond the spread")
+        return line + (f": {r.throughput_ratio:.2f}x none's best {self.samples_unit} (n={none.best_n}), "
+                       f"beyond the spread")
 
     def _notes(self, device: bool, processes: bool) -> list[str]:
         """The lines under the table: how the figures are made, then each row's own."""
@@ -327,8 +361,14 @@ class CapacityComparison:
         notes = []
         for r in self.rows:
             if r.timed:
-                sizes = "; ".join(f"n={n}: {seconds:.3g} s a step, {_rate(rate)}" for n, seconds, rate in r.timed)
+                spreads = {t[0]: t[1:3] for t in r.timed_spread}
+                sizes = "; ".join(f"n={n}: {seconds:.3g} s a step, {_rate(rate)}"
+                                  + (f" ({_rate(spreads[n][0])} - {_rate(spreads[n][1])})" if n in spreads else "")
+                                  for n, seconds, rate in r.timed)
                 notes.append(f"{r.mode}: {self.samples_unit} by size: {sizes}")
+        if any(r.timed_spread for r in self.rows):
+            notes.append(f"spread (IQR): the middle half of the rounds' throughputs; modes tie where their best "
+                         f"sizes' spreads overlap or their medians are within {TIE_WITHIN:.0%}")
         hows = list(dict.fromkeys(r.timing for r in self.rows if r.timing is not None and r.error is None))
         if len(hows) == 1 and all(r.timing == hows[0] for r in self.rows if r.error is None):
             notes.append(f"timing: {hows[0]}")
@@ -395,14 +435,38 @@ class CapacityComparison:
         p.text(repr(self) if cycle else str(self))
 
 
-def _rates(r: CapacityRow) -> tuple[str, str, str, str]:
-    """A row's timing columns: the best size, its throughput, its ratio to
-    `"none"`'s best, and the largest size's share of it."""
+def verdict(best: list[tuple[Any, float, float, float]]) -> tuple[tuple, bool]:
+    """Which configurations are fastest, from each one's `(label, median
+    throughput, low, high)` (`spread`): the fastest by median, and every other
+    whose spread overlaps the fastest's (its `high` at least the fastest's
+    `low`) or whose median is within `TIE_WITHIN` of it. Returns the labels,
+    fastest first, and whether they tie (more than one label); a single label
+    is a winner, ahead beyond the spread."""
+    if not best:
+        return (), False
+    ordered = sorted(best, key=lambda c: -c[1])
+    top = ordered[0]
+    tied = [c for c in ordered[1:] if c[3] >= top[2] or top[1] < c[1] * (1 + TIE_WITHIN)]
+    labels = (top[0], *(c[0] for c in tied))
+    return labels, len(labels) > 1
+
+
+def _rates(r: CapacityRow) -> tuple[str, str, str, str, str]:
+    """A row's timing columns: the best size, its throughput and its spread
+    over the rounds, its ratio to `"none"`'s best, and the largest size's
+    share of it."""
     if r.best_throughput is None:
-        return ("", "", "", "")
+        return ("", "", "", "", "")
     ratio = "-" if r.throughput_ratio is None else f"{r.throughput_ratio:.2f}"
     share = "-" if r.largest_share is None else f"{r.largest_share:.0%}"
-    return (str(r.best_n), _rate(r.best_throughput), ratio, share)
+    return (str(r.best_n), _rate(r.best_throughput), _spread(r), ratio, share)
+
+
+def _spread(r: CapacityRow) -> str:
+    """`low - high`, a row's best size's throughput over the middle half of its rounds."""
+    if r.best_spread is None:
+        return "-"
+    return f"{_rate(r.best_spread[0])} - {_rate(r.best_spread[1])}"
 
 
 def _rate(value: float) -> str:

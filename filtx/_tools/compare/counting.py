@@ -125,11 +125,12 @@ class Counting:
     def learn(self, args: tuple, kwargs: dict, out: Any) -> None:
         if self.kinds is not None:
             return
-        new = self.next_args(args, out)
-        if jax.tree_util.tree_structure(new) != jax.tree_util.tree_structure(args):
+        new = self.next_args(tuple(args), dict(kwargs), out)
+        if jax.tree_util.tree_structure(new) != jax.tree_util.tree_structure((tuple(args), dict(kwargs))):
             raise ValueError(
                 "compare_capacity: feed(args, out) returned arguments of another structure than the step's; "
-                "return the next call's positional arguments with the same structure as `args`."
+                "return the next call's positional arguments with the same structure as `args` (or a dict of "
+                "the keyword arguments it feeds, or a pair (args, kwargs))."
             )
         from_out = {id(x) for x in jax.tree_util.tree_leaves(out)}
         fed = [id(x) in from_out for x in jax.tree_util.tree_leaves(new)]
@@ -153,11 +154,9 @@ class Counting:
                 f"({self.describe_feeding()}): a fixed argument is the same array every step."
             )
 
-    def next_args(self, args: tuple, out: Any) -> tuple:
-        if self.feed is not None:
-            return tuple(self.feed(args, out))
-        self.feeding.learn(args, out)
-        return self.feeding.assemble(out, tuple(args[i] for i in self.feeding.held))
+    def next_args(self, args: tuple, kwargs: dict, out: Any) -> tuple[tuple, dict]:
+        """The next call's `(args, kwargs)`, positional and keyword state fed (`Feeding.next`)."""
+        return self.feeding.next(args, kwargs, out)
 
     def describe_feeding(self) -> str:
         return self.feeding.describe()
@@ -174,7 +173,8 @@ class Counting:
         tops: dict[str, set] = {}
         for path, kind in zip(self.paths, self.kinds or ()):
             tops.setdefault(_top(path), set()).add(REF if path in self.refs else kind)
-        sources = dict(enumerate(self.feeding.sources)) if self.feed is None else {}
+        sources = {**{f"args[{i}]": j for i, j in enumerate(self.feeding.sources)},
+                   **{f"kwargs[{k!r}]": j for k, j in self.feeding.keyword_sources.items()}} if self.feed is None else {}
         out = []
         for top, kinds in tops.items():
             parts = [_HOW[k](top, sources) for k in (FED, BATCH, FIXED, REF) if k in kinds]
@@ -183,8 +183,8 @@ class Counting:
 
 
 def _fed_how(top: str, sources: dict) -> str:
-    if top.startswith("args[") and sources:
-        j = sources.get(int(top[5:top.index("]")]))
+    if sources:
+        j = sources.get(top)
         if j is not None:
             return "fed back from out" + ("" if j == WHOLE else f"[{j}]") + " (a state)"
     return "fed back (a state)"

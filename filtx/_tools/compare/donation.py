@@ -18,6 +18,7 @@ import numpy as np
 from ..._base.jax_compat import ANY_UNUSABLE_DONATION
 from .modes import make_runs
 from .loop import Run
+from .loop_options import Loop
 from .progress import Progress
 from .result import DonationComparison, ModeRow
 from ..._core.donation import UnusableDonationWarning
@@ -49,7 +50,8 @@ def quiet_donation_warnings():
 
 def compare_donation(
     step: Any, /, *args: Any, modes: Any = None, rounds: int | None = None, calls: int | None = None,
-    feed: Callable | None = None, baselines: tuple = (), progress: bool | None = None, **kwargs: Any,
+    feed: Callable | None = None, baselines: tuple = (), progress: bool | None = None, loop: Any = None,
+    **kwargs: Any,
 ) -> DonationComparison:
     """Run your own step under several donation modes and measure each: time per
     warm call, the first call, the device memory the step needs, what was donated
@@ -74,14 +76,21 @@ def compare_donation(
         round, at most 30 calls; at least 8 where they take at most 1 s). Before
         its rounds, each mode runs untimed so that its allocator settles: about
         0.5 s (at least 3 calls), or `calls` calls where given.
-    - `feed`: `feed(args, out) -> next positional args`: how an output becomes the
-        next call's arguments. By default the whole output replaces `args[0]`
-        where it has its structure and abstract values; else each output item
-        that looks like an argument replaces it (`return model, opt_state, loss`
-        feeds `model, opt_state`, wherever they stand in the tuple; a bare array
-        only at its own position). Arguments not fed, and donated by a mode, get
-        a fresh copy per call, made outside the timed region. The table says
+    - `feed`: `feed(args, out) -> next arguments`: how an output becomes the
+        next call's arguments: the positional arguments, a dict of the keyword
+        arguments it feeds (state passed by keyword), or a pair `(args,
+        kwargs)`, as `filtx.Loop` says. By default the whole output replaces
+        `args[0]` where it has its structure and abstract values; else each
+        output item that looks like an argument replaces it (`return model,
+        opt_state, loss` feeds `model, opt_state`, wherever they stand in the
+        tuple; a bare array only at its own position), then a keyword argument
+        that is a container (`step(params=..., batch=...)` returning `params,
+        loss` feeds `params`). Arguments not fed, and donated by a mode, get a
+        fresh copy per call, made outside the timed region. The table says
         what was fed.
+    - `loop`: a `filtx.Loop`, the loop the other tools take; this one reads
+        its `feed` (a `feed=` beside it wins). Anything else passed as `loop=`
+        is your step's own keyword argument `loop`.
     - `baselines`: `("equinox",)` adds rows for `eqx.filter_jit(donate="all")` and
         `(donate="none")`, with the Equinox you imported (for `filter_jit` steps
         and plain functions; Equinox's defaults, not your `specs`).
@@ -119,6 +128,10 @@ def compare_donation(
         print(comparison)
         ```
     """
+    if loop is not None and not isinstance(loop, Loop):
+        kwargs["loop"] = loop  # the step's own keyword argument
+        loop = None
+    feed = Loop.given(loop, "compare_donation", {} if feed is None else {"feed": feed}).feed
     return compare(step, args, kwargs, modes=modes, rounds=rounds, calls=calls, feed=feed,
                    baselines=tuple(baselines), progress=progress)
 

@@ -16,26 +16,31 @@ import numpy as np
 from .memory import OwnPeak, block, fresh, fresh_tree, in_flight_window, is_deleted
 from ..._core.roles import is_array, is_ref
 
-__all__ = ["Run", "Feeding", "WHOLE", "array_like"]
+__all__ = ["Run", "Feeding", "WHOLE", "array_like", "fed_arguments"]
 
 
 WHOLE = -1  # a `Feeding.sources` entry: the whole output feeds this argument
 
 
 class Feeding:
-    """How a call's output becomes the next call's arguments: `feed(args, out)`
-    when given; else the whole output, where it looks like `args[0]` (structure
-    and abstract values), or the output's items that look like the arguments, in
+    """How a call's output becomes the next call's arguments, positional and
+    keyword: `feed(args, out)` when given (its return read by `fed_arguments`);
+    else the whole output, where it looks like `args[0]` (structure and
+    abstract values), or the output's items that look like the arguments, in
     order: a container (a model, an optimiser state) wherever it stands in the
-    output, a bare array only at its own position. Arguments nothing feeds are
-    held: the next call gets them again (a fresh copy where a mode donates them)."""
+    output, a bare array only at its own position; then, of the items left, a
+    container that looks like a keyword argument feeds it (a bare array by
+    keyword has no position: `feed=` says where it comes from). Arguments
+    nothing feeds are held: the next call gets them again (a fresh copy where
+    a mode donates them)."""
 
     def __init__(self, feed: Callable | None):
         self.feed = feed
         self.sources: list[int | None] = []  # per argument: the output item fed into it, or None
+        self.keyword_sources: dict[str, int] = {}  # per keyword argument fed: the output item
         self.learned = False
 
-    def learn(self, args: tuple, out: Any) -> None:
+    def learn(self, args: tuple, out: Any, kwargs: dict | None = None) -> None:
         """From the first output of the first mode to run; every mode feeds alike."""
         if self.learned or self.feed is not None:
             return
@@ -54,6 +59,13 @@ class Feeding:
                     self.sources[i] = j
                     taken.add(j)
                     break
+        for key, arg in (kwargs or {}).items():
+            if jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(arg)):
+                continue
+            j = next((j for j in range(len(out)) if j not in taken and _alike(out[j], arg)), None)
+            if j is not None:
+                self.keyword_sources[key] = j
+                taken.add(j)
 
     @property
     def held(self) -> list[int]:
@@ -63,11 +75,59 @@ class Feeding:
         if self.feed is not None:
             return "by feed="
         fed = [f"args[{i}] <- out" + ("" if j == WHOLE else f"[{j}]") for i, j in enumerate(self.sources) if j is not None]
+        fed += [f"kwargs[{k!r}] <- out[{j}]" for k, j in self.keyword_sources.items()]
         return ", ".join(fed) or "nothing (every call on the same arguments)"
 
     def assemble(self, out: Any, held: tuple) -> tuple:
         rest = iter(held)
         return tuple(next(rest) if j is None else out if j == WHOLE else out[j] for j in self.sources)
+
+    def assemble_kwargs(self, out: Any, kwargs: dict) -> dict:
+        """`kwargs` with the keyword arguments the output feeds replaced by it."""
+        if not self.keyword_sources:
+            return kwargs
+        return {k: out[self.keyword_sources[k]] if k in self.keyword_sources else v for k, v in kwargs.items()}
+
+    def next(self, args: tuple, kwargs: dict, out: Any) -> tuple[tuple, dict]:
+        """The next call's `(args, kwargs)` after the call on `args, kwargs` gave `out`."""
+        if self.feed is not None:
+            return fed_arguments(self.feed(args, out), args, kwargs)
+        self.learn(args, out, kwargs)
+        return self.assemble(out, tuple(args[i] for i in self.held)), self.assemble_kwargs(out, kwargs)
+
+
+def fed_arguments(new: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """What `feed(args, out)` returned, as the next call's `(args, kwargs)`:
+    the positional arguments (a tuple or list: keyword arguments held); a dict,
+    the keyword arguments it feeds (the positional ones and the other keywords
+    held); or a pair `(args, kwargs)`, a tuple or list of every positional
+    argument and a dict of the keywords it feeds (the others held). A pair is
+    read as one only where it cannot be the positional arguments: the step
+    takes keyword arguments, the first item has one entry per positional
+    argument, the second names only the step's keywords, and the whole has not
+    the positional arguments' structure."""
+    if isinstance(new, dict):
+        return tuple(args), _merged(new, kwargs)
+    if isinstance(new, (tuple, list)):
+        if (kwargs and len(new) == 2 and isinstance(new[0], (tuple, list)) and isinstance(new[1], dict)
+                and len(new[0]) == len(args) and set(new[1]) <= set(kwargs)
+                and jax.tree_util.tree_structure(tuple(new)) != jax.tree_util.tree_structure(tuple(args))):
+            return tuple(new[0]), _merged(new[1], kwargs)
+        return tuple(new), kwargs
+    raise TypeError(
+        f"feed(args, out) returned {type(new).__name__}: return the next call's positional arguments (a tuple), "
+        f"a dict of the keyword arguments it feeds, or a pair (args, kwargs)."
+    )
+
+
+def _merged(fed: dict, kwargs: dict) -> dict:
+    unknown = [k for k in fed if k not in kwargs]
+    if unknown:
+        raise ValueError(
+            f"feed(args, out) returned the keyword argument {unknown[0]!r}, which the step's call does not pass "
+            f"(its keywords: {', '.join(map(repr, kwargs)) or 'none'}); feed only keywords the step is called with."
+        )
+    return {k: fed.get(k, v) for k, v in kwargs.items()}
 
 
 def _alike(a: Any, b: Any) -> bool:
@@ -107,6 +167,7 @@ class Run:
         self.renew_fun = self.renew_kwargs = None  # masks of the leaves a call deletes (donates)
         self.renew_held: list = []
         self.fix: list[int] = []  # positions of held leaves a user's `feed` gives back donated
+        self.fed_keys: tuple = ()  # keyword arguments the outputs feed (state passed by keyword)
 
     # -- the first calls ---------------------------------------------------------
 
@@ -123,11 +184,14 @@ class Run:
         except Exception as e:  # a mode may fail ("strict"); the other rows go on
             self.error = f"{type(e).__name__}: {e}"
             return
-        self.feeding.learn(args, out)
+        self.feeding.learn(args, out, kwargs)
         self.args, self.kwargs = args, kwargs
-        self.renew_fun, self.renew_kwargs = _deleted_mask(self.fun_tree), _deleted_mask(kwargs)
+        self.renew_fun = _deleted_mask(self.fun_tree)
         self.renew_held = [_deleted_mask(args[i]) for i in self.feeding.held]
-        self.args = self._next_args(args, out, None, check=True)
+        first = kwargs
+        self.args, self.kwargs = self._next(args, kwargs, out, None, check=True)
+        # a fed keyword's next value is the output, not a fresh copy of the first
+        self.renew_kwargs = _deleted_mask(first, skip=self.fed_keys)
         # Blocks every so many calls where the wrapper does not bound its own
         # calls in flight (`max_in_flight`; an Equinox baseline's never does).
         self.window = None if getattr(self.bind, "max_in_flight", None) else in_flight_window(out)
@@ -145,7 +209,7 @@ class Run:
                 self.fun_tree = fresh_tree(fun0)
                 args, self.kwargs = fresh_tree(args0), fresh_tree(kwargs0)
                 self.out = self.bind(self.fun_tree)(*args, **self.kwargs)
-                self.args = self._next_args(args, self.out, None, check=False)
+                self.args, self.kwargs = self._next(args, self.kwargs, self.out, None, check=False)
                 del args  # as a loop rebinds its model and state: the first copies go
                 self.timed(self._one_set() for _ in range(calls))
             self.device_peak = meter.bytes
@@ -181,37 +245,48 @@ class Run:
         """The calls of one round, pipelined, with one block at the end (`sets`
         may be made as the calls go, by a generator)."""
         feeding = self.feeding
-        feed, assemble = feeding.feed, feeding.assemble
-        args, out, window = self.args, self.out, self.window
+        feed, assemble, keyed = feeding.feed, feeding.assemble, self.fed_keys
+        args, kwargs, out, window = self.args, self.kwargs, self.out, self.window
         t0 = time.perf_counter()
         if feed is None:
             for i, (call, held, kwargs, _) in enumerate(sets, 1):
                 args = assemble(out, held)  # the previous call's output, and this call's held arguments
+                if keyed:  # and the keyword arguments it feeds
+                    kwargs = feeding.assemble_kwargs(out, kwargs)
                 out = call(*args, **kwargs)
                 if window and i % window == 0:
                     block(out)
+            kwargs = feeding.assemble_kwargs(out, kwargs) if keyed else kwargs
         else:
+            fed = kwargs
             for i, (call, _, kwargs, fix) in enumerate(sets, 1):
+                if keyed:
+                    kwargs = {k: fed[k] if k in keyed else v for k, v in kwargs.items()}
                 out = call(*args, **kwargs)
-                args = self._next_args(args, out, fix, check=False)
+                args, fed = self._next(args, kwargs, out, fix, check=False)
                 if window and i % window == 0:
                     block(out)
+            kwargs = fed
         block(out)
         seconds = time.perf_counter() - t0
-        self.args, self.out = args, out
+        self.args, self.kwargs, self.out = args, kwargs, out
         return seconds
 
-    def _next_args(self, args: tuple, out: Any, fix: dict | None, check: bool) -> tuple:
+    def _next(self, args: tuple, kwargs: dict, out: Any, fix: dict | None, check: bool) -> tuple[tuple, dict]:
+        """The next call's `(args, kwargs)`; with `check`, on the first output,
+        what the feeding gives is checked and the fed keywords learned."""
+        new, new_kwargs = self.feeding.next(args, kwargs, out)
+        if check:
+            self.fed_keys = tuple(k for k in kwargs if new_kwargs[k] is not kwargs[k])
         if self.feeding.feed is None:
-            return self.feeding.assemble(out, tuple(args[i] for i in self.feeding.held))
-        new = tuple(self.feeding.feed(args, out))
+            return new, new_kwargs
         if check:
             _check_fed(self.label, args, new)
             old = jax.tree_util.tree_leaves(args)
             self.fix = [p for p, x in enumerate(jax.tree_util.tree_leaves(new)) if x is old[p] and is_deleted(x)]
             if self.fix:
                 fix = {p: fresh_tree(jax.tree_util.tree_leaves(self.originals[1])[p]) for p in self.fix}
-        return _with_leaves(new, fix) if fix else new
+        return (_with_leaves(new, fix) if fix else new), new_kwargs
 
     def live_inputs(self) -> tuple:
         """A call's worth of live inputs: `(callee, args, kwargs)`."""
@@ -221,10 +296,12 @@ class Run:
         return call, _with_leaves(self.args, fix) if fix else self.args, kwargs
 
 
-def _deleted_mask(tree: Any) -> Any:
+def _deleted_mask(tree: Any, skip: tuple = ()) -> Any:
     """Which leaves of `tree` a call deleted (donated), as a tree of bools; None
-    where none was."""
+    where none was. `skip`: keys of a dict `tree` counted as not deleted."""
     mask = jax.tree_util.tree_map(is_deleted, tree, is_leaf=is_ref)
+    if skip:
+        mask = {k: jax.tree_util.tree_map(lambda _: False, m) if k in skip else m for k, m in mask.items()}
     return mask if any(jax.tree_util.tree_leaves(mask)) else None
 
 

@@ -14,6 +14,7 @@ from typing import Any, Callable
 from .capacity_result import CapacityRow
 from .counting import Counting
 from .device_check import no_room
+from .loop_options import Loop
 from .modes import _Filtx
 from .probe import TOO_BIG, Probe
 from .progress import Progress
@@ -28,13 +29,12 @@ __all__ = ["Loops", "time_rows"]
 class Loops:
     """How a mode's loop is built at a size: the step's groups and the
     function's own pytree, the instance a bound method takes (`prefix`
-    arguments), the arguments' counting, `ahead`, `prefetch`, and the bytes a
-    loop may hold."""
+    arguments), the arguments' counting, the user's `Loop` (its `ahead` and
+    `prefetch`), and the bytes a loop may hold."""
 
-    def __init__(self, groups: Any, fun0: Any, prefix: int, counting: Counting, ahead: int, prefetch: int,
-                 loop_limit: int):
+    def __init__(self, groups: Any, fun0: Any, prefix: int, counting: Counting, loop: Loop, loop_limit: int):
         self.groups, self.fun0, self.bound0 = groups, fun0, groups.args[:prefix]
-        self.counting, self.ahead, self.prefetch, self.loop_limit = counting, ahead, prefetch, loop_limit
+        self.counting, self.ahead, self.prefetch, self.loop_limit = counting, loop.ahead, loop.prefetch, loop_limit
 
     def bind(self, probe: Probe, mode: str) -> _Filtx:
         """The search's wrapper, under `max_in_flight=ahead` (it shares the search's compiles)."""

@@ -17,8 +17,8 @@ import numpy as np
 
 from .donation import calls_per_round, rotated
 
-__all__ = ["TIMED_SIZES", "TIMED_SECONDS", "Config", "Timed", "time_loops", "sizes_to_time", "check_timing",
-           "check_samples", "timing_fields"]
+__all__ = ["TIMED_SIZES", "TIMED_SECONDS", "Config", "Timed", "time_loops", "sizes_to_time",
+           "check_timing", "check_samples", "timing_fields", "spread"]
 
 TIMED_SIZES = 4  # `timing=True`: the largest size and its halvings, this many sizes at most
 TIMED_SECONDS = 8.0  # seconds of timed calls per mode, its sizes together, by default
@@ -50,6 +50,16 @@ class Timed:
     @property
     def seconds(self) -> float | None:
         return float(np.median(self.times)) if self.times else None
+
+
+def spread(rates: Any) -> tuple[float, float]:
+    """The spread of a configuration's throughput over its rounds: the
+    interquartile range (25th to 75th percentile, NumPy's linear
+    interpolation), so that one round slowed by something else does not
+    widen it; with 3 rounds, the middle half of the range between the
+    slowest and the fastest."""
+    low, high = np.percentile(np.asarray(rates, dtype=float), [25, 75])
+    return float(low), float(high)
 
 
 def check_timing(timing: Any) -> int | tuple[int, ...] | None:
@@ -171,13 +181,15 @@ def timing_fields(sizes: tuple, largest: int, results: dict, row: int, samples: 
     `largest_share` (the throughput at `largest`, the row's `n`, over the
     best), and `timing` (how, or why not: `skipped` sizes, failed loops,
     why the rounds `stopped`)."""
-    timed, failed = [], []
+    timed, spreads, failed = [], [], []
     for n in sizes:
         done = results.get((row, n))
         if done is None:
             continue
         if done.seconds is not None:
-            timed.append((n, done.seconds, float(samples(n)) / done.seconds))
+            per_step = float(samples(n))
+            timed.append((n, done.seconds, per_step / done.seconds))
+            spreads.append((n, *spread([per_step / t for t in done.times]), len(done.times)))
         if done.error is not None:
             failed.append(f"n={n} failed: {done.error[:200]}")
     notes = "; ".join(list(skipped) + failed)
@@ -186,6 +198,8 @@ def timing_fields(sizes: tuple, largest: int, results: dict, row: int, samples: 
         return {"timing": "not timed" + (f": {why}" if why else "")}
     best = max(timed, key=lambda t: t[2])
     at_largest = next((t[2] for t in timed if t[0] == largest), None)
-    return {"timed": tuple(timed), "best_n": best[0], "best_throughput": best[2],
+    low, high = next(s[1:3] for s in spreads if s[0] == best[0])
+    return {"timed": tuple(timed), "timed_spread": tuple(spreads), "best_n": best[0], "best_throughput": best[2],
+            "best_spread": (low, high),
             "largest_share": None if at_largest is None else at_largest / best[2],
             "timing": how + (f"; {notes}" if notes else "")}

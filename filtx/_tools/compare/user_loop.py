@@ -95,7 +95,7 @@ class UserLoop:
                 fun, bound = renewed(fun, self.fun0), renewed(bound, self.bound0)
                 args, kwargs = renewed((args, kwargs), self.template)
             self.out = self.bind(fun)(*bound, *args, **kwargs)
-            args = self.counting.next_args(args, self.out)
+            args, kwargs = self.counting.next_args(args, kwargs, self.out)
             self.calls += 1
         self.args, self.kwargs, self.fun, self.bound = args, kwargs, fun, bound
         return block(self.out)
