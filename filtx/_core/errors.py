@@ -435,7 +435,7 @@ def int_out_axis_on_non_array_error(out: Any, index: int, axis: int) -> ValueErr
 
 
 def unmapped_outputs_error(culprits: list[str], why: str, fix: str) -> ValueError:
-    return ValueError(f"out_axes is None for output {', '.join(culprits)}, but {why}. {fix}")
+    return ValueError(f"out_axes is None for output {_some(culprits, 6)}, but {why}. {fix}")
 
 
 # ---------------------------------------------------------------------------
