@@ -526,7 +526,9 @@ def unbound_axis_error(transform: str, name: Any, bound: tuple, error: BaseExcep
     """A collective over an axis name the transform does not bind: the names it
     binds (`given_by`: how, e.g. `axis_name=`), and the fix. JAX's own advice, to
     call it under `jax.shard_map`, does not fit a filtx transform."""
-    named = "an axis name" if name is None else f"the axis name {name!r}"
+    named = f"the axis name {name!r}, which is not bound here"
+    if name is None:  # JAX said no more (`jax_compat.bare_axis_assertion`)
+        named = "an axis name the mesh does not have (JAX checks that with a bare assert, which raised AssertionError)"
     if bound:
         binds = f"{transform} binds {', '.join(map(repr, bound))} ({given_by})"
         fix = f"Name {' or '.join(map(repr, bound))} in the collective: `jax.lax.pmean(x, {bound[0]!r})`"
@@ -534,8 +536,7 @@ def unbound_axis_error(transform: str, name: Any, bound: tuple, error: BaseExcep
         binds = f"{transform} binds no axis name ({given_by} not given)"
         fix = f"Name the axis: `{transform}(..., axis_name={name!r})`"
     return NameError(
-        f"{transform}: the collective{user_frame(error)} reduces over {named}, which is not bound here: "
-        f"{binds}. {fix}."
+        f"{transform}: the collective{user_frame(error)} reduces over {named}: {binds}. {fix}."
     )
 
 
