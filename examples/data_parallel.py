@@ -13,9 +13,10 @@ mesh axis (`PartitionSpec()`), the batch is split along it (`PartitionSpec("data
 and `filtx.filter_jit(in_shardings=..., out_shardings=..., donate="arrays")` compiles
 one step for all devices. The compiler inserts the gradient all-reduce.
 
-**The pmap route** (`--route pmap`, for existing pmap code): model and optimiser
-state are stacked on a leading device axis, every device computes the gradient
-on its shard, and `jax.lax.pmean` averages the gradients.
+**The pmap route** (`--route pmap`, for existing pmap code): one copy of the model
+and optimiser state is given to every device (`in_axes` `None`), the batch is split
+on a leading device axis, every device computes the gradient on its shard, and
+`jax.lax.pmean` averages the gradients.
 
 What filtx adds over `jax.jit`/`jax.pmap`:
 
@@ -24,8 +25,9 @@ What filtx adds over `jax.jit`/`jax.pmap`:
   device axis, the function is held static;
 - `donate="arrays"` donates the old model, optimiser state and batch buffers
   to the step, so the update happens in place;
-- `out_axes=(filtx.if_array(0), filtx.if_array(0), None)` returns the model
-  and optimiser state replicated and the (already averaged) loss once.
+- `out_axes=None` returns one copy of the model, the optimiser state and the
+  (already averaged) loss; filtx checks in the trace that each is the same on
+  every device, so a step that forgot its `pmean` is refused at its first call.
 
 Without a GPU or TPU, the script asks XLA for 8 virtual CPU devices (it sets
 `XLA_FLAGS=--xla_force_host_platform_device_count=8` before importing JAX,
@@ -84,30 +86,6 @@ def shard(batch, num_devices):
     return jax.tree.map(lambda a: a.reshape(num_devices, -1, *a.shape[1:]), batch)
 
 
-# -- replication ----------------------------------------------------------------
-
-
-def replicate(tree, devices):
-    """One copy of every array of `tree` on each of `devices`, stacked on a new leading
-    axis and placed as `filter_pmap` takes it (split over a one-axis mesh of the
-    devices, of Auto type as its own); other leaves unchanged."""
-    mesh = jax.sharding.Mesh(np.array(devices), (AXIS_NAME,))
-    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(AXIS_NAME))
-
-    def put(leaf):
-        if not eqx.is_array(leaf):
-            return leaf
-        host = np.asarray(leaf)
-        return jax.device_put(np.broadcast_to(host, (len(devices), *host.shape)), sharding)
-
-    return jax.tree.map(put, tree)
-
-
-def unreplicate(tree):
-    """The first device's copy, on that device."""
-    return jax.tree.map(lambda leaf: leaf.addressable_shards[0].data[0] if eqx.is_array(leaf) else leaf, tree)
-
-
 # -- model and training step ----------------------------------------------------
 
 
@@ -126,7 +104,7 @@ def loss_fn(model, x, y):
 
 def make_step(optimiser):
     """The parallel training step: `step(model, opt_state, batch) -> (model, opt_state, loss)`,
-    with model, optimiser state and batch carrying a leading device axis."""
+    one copy of the model and optimiser state, the batch carrying a leading device axis."""
 
     def step(model, opt_state, batch):
         x, y = batch
@@ -141,7 +119,8 @@ def make_step(optimiser):
         step,
         axis_name=AXIS_NAME,
         donate="arrays",
-        out_axes=(filtx.if_array(0), filtx.if_array(0), None),
+        in_axes={"model": None, "opt_state": None},  # one copy, given to every device
+        out_axes=None,  # one copy back, checked to be the same on every device
     )
 
 
@@ -186,7 +165,7 @@ def train(*, epochs=20, steps_per_epoch=16, batch_size=64, learning_rate=1e-2, s
     opt_state = optimiser.init(eqx.filter(model, eqx.is_inexact_array))
 
     if route == "sharded":
-        mesh = jax.make_mesh((len(devices),), (DATA,), devices=devices)
+        mesh = jax.make_mesh((len(devices),), (DATA,), devices=devices, axis_types=(jax.sharding.AxisType.Explicit,))
         replicated = jax.sharding.PartitionSpec()
         model = filtx.filter_shard(model, replicated, mesh=mesh)
         opt_state = filtx.filter_shard(opt_state, replicated, mesh=mesh)
@@ -198,8 +177,6 @@ def train(*, epochs=20, steps_per_epoch=16, batch_size=64, learning_rate=1e-2, s
         step = lambda model, opt_state, batch: sharded(  # noqa: E731
             model, opt_state, *filtx.filter_shard(tuple(batch), split, mesh=mesh))
     else:
-        model = replicate(model, devices)
-        opt_state = replicate(opt_state, devices)
         pmapped = make_step(optimiser)
         step = lambda model, opt_state, batch: pmapped(model, opt_state, shard(batch, len(devices)))  # noqa: E731
 
@@ -214,7 +191,7 @@ def train(*, epochs=20, steps_per_epoch=16, batch_size=64, learning_rate=1e-2, s
         losses.append(float(np.mean(jax.device_get(epoch_losses))))
         if verbose:
             print(f"epoch {epoch:3d}  loss {losses[-1]:.6f}  ({time.perf_counter() - start:.2f} s)")
-    return (model if route == "sharded" else unreplicate(model)), losses
+    return model, losses
 
 
 def main(argv=None):

@@ -7,8 +7,9 @@ device count divides, else replicate (a scalar, a small bias). `filtx.filter_sha
 places the model and the optimiser state by it once; the step keeps them there
 (`out_shardings` with the same callable, answered once per compiled signature)
 and splits the batch along `data`. The step gathers the parameters for the
-computation (`filtx.filter_shard(model, P())`), the update works on the split
-ones. The result is the same training as on one device. The mesh comes from
+computation (`filtx.filter_shard(model, P())`) inside the differentiated
+function, so that the gradients come back split as the parameters are (the
+gather's transpose is a reduce-scatter); the update works on the split ones. The result is the same training as on one device. The mesh comes from
 `jax.make_mesh`, as in JAX's documentation: Auto axes before JAX 0.9, Explicit
 ones since, and the script runs the same on both.
 
@@ -81,8 +82,11 @@ def make_step(optimiser, mesh, spec):
         # The parameters, gathered for the computation. On Explicit mesh axes (what
         # jax.make_mesh gives since JAX 0.9) the types say so; on Auto axes the
         # compiler would gather them itself.
-        whole = filtx.filter_shard(model, P())
-        loss, grads = eqx.filter_value_and_grad(loss_fn)(whole, x, y)
+        # Gathered inside the differentiated function: the gradients come back split.
+        def gathered_loss(model):
+            return loss_fn(filtx.filter_shard(model, P()), x, y)
+
+        loss, grads = eqx.filter_value_and_grad(gathered_loss)(model)
         updates, opt_state = optimiser.update(grads, opt_state, eqx.filter(model, eqx.is_inexact_array))
         return eqx.apply_updates(model, updates), opt_state, loss
 

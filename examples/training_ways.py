@@ -3,10 +3,12 @@
 The same step (an Equinox MLP, optax's Adam, a mean squared error) runs
 
 - on one device over the whole batch (the reference);
-- with `filtx.filter_pmap`: per device, gradients averaged with `jax.lax.pmean`;
+- with `filtx.filter_pmap`: per device, gradients averaged with `jax.lax.pmean`,
+  one copy of the model and state (`in_axes`/`out_axes` `None`, checked);
 - with sharded `filtx.filter_jit`, data-parallel: the model replicated, the batch
   split over a `data` mesh axis; the compiler inserts the all-reduce;
-- with sharded `filtx.filter_jit`, FSDP: the parameters split along `data` too;
+- with sharded `filtx.filter_jit`, FSDP: the parameters split along `data` too,
+  gathered inside the differentiated function (the gradients come back split);
 - with `filtx.filter_shard_map`: per shard, the model replicated (invariant), so
   the gradient of a parameter comes back already summed over `data`. The
   `pmean` goes on the loss inside the differentiated function (the mean over
@@ -36,7 +38,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
+from jax.sharding import AxisType, PartitionSpec as P  # noqa: E402
 
 import filtx  # noqa: E402
 
@@ -93,10 +95,6 @@ def ported_gradients(model, x, y):
     return jax.lax.pmean(grads, DATA)  # does nothing: grads are summed already
 
 
-def replicate(tree, n):
-    return jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (n, *x.shape)) if eqx.is_array(x) else x, tree)
-
-
 def fsdp_rule(n_devices):
     def rule(leaf):
         """Split the largest axis the device count divides; replicate the rest."""
@@ -120,7 +118,7 @@ def train_every_way(steps=3, verbose=True):
     """`{way: losses}` for the reference and the four ways, and the ratio of the
     ported step's gradient to the right one (the device count)."""
     n_devices = jax.device_count()
-    mesh = jax.make_mesh((n_devices,), (DATA,))
+    mesh = jax.make_mesh((n_devices,), (DATA,), axis_types=(AxisType.Explicit,))
     process, n_processes = jax.process_index(), jax.process_count()
     global_batch = 4 * n_devices
     x_all = np.random.default_rng(0).normal(size=(global_batch, 4)).astype(np.float32)
@@ -133,11 +131,11 @@ def train_every_way(steps=3, verbose=True):
 
     losses = {"one device": run(filtx.filter_jit(global_step), *start(), x_all, y_all, steps)}
     pmapped = filtx.filter_pmap(
-        pmap_step, axis_name=DATA, out_axes=(filtx.if_array(0), filtx.if_array(0), None),
+        pmap_step, axis_name=DATA, in_axes={"model": None, "opt_state": None}, out_axes=None,  # one copy, checked
         specs={"model": filtx.donate, "opt_state": filtx.donate},
     )
     losses["filter_pmap"] = run(
-        pmapped, *replicate(start(), n_local), x_rows.reshape(n_local, -1, 4), y_rows.reshape(n_local, -1, 1), steps
+        pmapped, *start(), x_rows.reshape(n_local, -1, 4), y_rows.reshape(n_local, -1, 1), steps
     )
     sharded = filtx.filter_jit(
         global_step, donate="arrays", mesh=mesh,
@@ -146,8 +144,10 @@ def train_every_way(steps=3, verbose=True):
     losses["filter_jit, data-parallel"] = run(sharded, *filtx.filter_shard(start(), P(), mesh=mesh), x, y, steps)
     fsdp = fsdp_rule(n_devices)
 
-    def fsdp_step(model, opt_state, x, y):
-        return global_step(filtx.filter_shard(model, P()), opt_state, x, y)
+    def fsdp_step(model, opt_state, x, y):  # gathered inside the differentiated function: gradients split
+        loss, grads = eqx.filter_value_and_grad(lambda m: loss_fn(filtx.filter_shard(m, P()), x, y))(model)
+        model, opt_state = apply(model, opt_state, grads)
+        return model, opt_state, loss
 
     fsdp_jitted = filtx.filter_jit(
         fsdp_step, donate="arrays", mesh=mesh, in_shardings={"x": P(DATA), "y": P(DATA)}, out_shardings=(fsdp, fsdp, P())

@@ -215,7 +215,7 @@ def test_in_axes_error_names_an_out_of_range_axis_and_inconsistent_sizes():
     error = _errors.in_axes_error(["args[0]"], [jnp.ones(())], [0], None, "filter_vmap")
     assert "args[0]" in str(error) and "out of range" in str(error)
     error = _errors.in_axes_error(["a", "b"], [jnp.ones(3), jnp.ones(4)], [0, 0], None, "filter_vmap")
-    assert "a: 3; b: 4" in str(error)
+    assert "size 3: a; size 4: b" in str(error)
 
 
 def test_hidden_tracer_search_follows_partials_closures_and_containers_and_stops():

@@ -148,7 +148,7 @@ def test_mapped_size_larger_than_device_count_names_the_leaf():
 
 
 def test_inconsistent_sizes_name_the_leaves():
-    with pytest.raises(ValueError, match=r"args\[0\]: 8; args\[1\]: 4"):
+    with pytest.raises(ValueError, match=r"size 8: args\[0\]; size 4: args\[1\]"):
         filtx.filter_pmap(lambda a, b: a)(jnp.ones((8, 2)), jnp.ones((4, 2)))
 
 

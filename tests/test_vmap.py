@@ -109,7 +109,7 @@ def test_static_spec_holds_a_leaf_static():
 
 
 def test_inconsistent_sizes_name_the_arguments_and_sizes():
-    with pytest.raises(ValueError, match=r"args\[0\]: 3; args\[1\]: 4"):
+    with pytest.raises(ValueError, match=r"size 3: args\[0\]; size 4: args\[1\]"):
         filtx.filter_vmap(lambda x, y: x + y)(jnp.ones(3), y=jnp.ones(4))
 
 

@@ -315,6 +315,48 @@ def time_worker(n: int, order: int, quick: bool, emit) -> None:
           "steps": STEPS, "width": setup.width, "batch": setup.batch, "depth": DEPTH, "seconds": seconds})
 
 
+def pmap_copies_worker(n: int, quick: bool, emit) -> None:
+    """Issue 61: `filter_pmap` with one copy of the model and Adam's state
+    (`in_axes`/`out_axes` `None`: a forgotten `pmean` is refused at the call)
+    against copies stacked on a device axis (the study's `filter_pmap` way),
+    timed round-robin; then both run from the same state, their losses compared.
+
+        python benchmarks/probes/layouts.py --worker pmap-copies --devices 4 [--quick]
+    """
+    import equinox as eqx
+    import jax
+    import numpy as np
+
+    import filtx
+    from _support import data_parallel
+
+    setup = Setup(n, QUICK_WIDTH if quick else WIDTH, QUICK_BATCH if quick else BATCH)
+    stacked_step = setup.wrapper("filter_pmap")
+    single_step = filtx.filter_pmap(setup.steps["filter_pmap"], axis_name=AXIS, donate="arrays",
+                                    in_axes={"model": None, "opt_state": None}, out_axes=(None, None, None))
+
+    def single_state():
+        return jax.tree_util.tree_map(lambda a: jax.device_put(a, jax.devices()[0]) if eqx.is_array(a) else a,
+                                      setup.model(setup.width))
+
+    stacked, x, y = setup.arguments("filter_pmap", setup.width, setup.batch)
+    variants = {"stacked": (lambda s: stacked_step(*s, x, y)[:2], stacked),
+                "single copy": (lambda s: single_step(*s, x, y)[:2], single_state())}
+    failed = data_parallel.warm(variants)
+    rounds = QUICK_ROUNDS if quick else ROUNDS
+    seconds = data_parallel.round_robin(variants, rounds, STEPS)
+    a, b = setup.arguments("filter_pmap", setup.width, setup.batch)[0], single_state()
+    losses = []
+    for _ in range(STEPS):
+        *a, la = stacked_step(*a, x, y)
+        *b, lb = single_step(*b, x, y)
+        losses.append(float(np.max(np.abs(np.asarray(la) - np.asarray(lb)))))
+    emit({"kind": "pmap copies", "devices": n, "failed": failed, "rounds": rounds, "steps": STEPS,
+          "width": setup.width, "batch": setup.batch, "seconds": seconds,
+          "single over stacked": runner.median_ratio(seconds["single copy"], seconds["stacked"]),
+          "loss difference": max(losses)})
+
+
 def nbytes(tree) -> int:
     """Bytes per device of `tree`'s arrays, counted from their shardings (the
     largest over the devices)."""
@@ -410,7 +452,7 @@ def main() -> None:
     parser.add_argument("--devices", type=int, help="with --worker: the device count; else one count only")
     parser.add_argument("--report", action="store_true", help="then publish the saved lines (with --summarize: those): the section of docs/benchmarks.md")
     parser.add_argument("--summarize", metavar="JSONL", help="print the section from saved lines, and stop")
-    parser.add_argument("--worker", choices=("time", "memory"), help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=("time", "memory", "pmap-copies"), help=argparse.SUPPRESS)
     parser.add_argument("--order", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.summarize:
@@ -423,6 +465,8 @@ def main() -> None:
         emit = runner.emitter()
         if args.worker == "time":
             time_worker(args.devices, args.order, args.quick, emit)
+        elif args.worker == "pmap-copies":
+            pmap_copies_worker(args.devices, args.quick, emit)
         else:
             memory_worker(args.devices, args.quick, emit)
         return

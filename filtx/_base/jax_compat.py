@@ -37,6 +37,9 @@ __all__ = [
     "aliased_ref_refused",
     "names_out_axes",
     "user_out_specs",
+    "unbound_axis_name",
+    "bare_axis_assertion",
+    "varying_axes",
     "UNUSABLE_DONATION_WARNING",
     "ANY_UNUSABLE_DONATION",
     "arg_aval",
@@ -159,12 +162,40 @@ def user_out_specs(error: ValueError) -> None:
         error.args = (error.args[0].replace("out_specs[0]", "out_specs"),) + tuple(error.args[1:])
 
 
+_UNBOUND_AXIS = re.compile(r"unbound axis name: (.+?)(?:\. To fix|$)", re.S)
+
+
+def unbound_axis_name(error: Exception) -> str | None:
+    """The axis name of JAX's `NameError` for a collective over an axis nothing
+    binds (`Found an unbound axis name: batch. To fix this, please call psum
+    under jax.shard_map.`; `unbound axis name: batch` elsewhere), or None."""
+    if not isinstance(error, NameError):
+        return None
+    found = _UNBOUND_AXIS.search(str(error))
+    return found.group(1).strip() if found else None
+
+
+def bare_axis_assertion(error: Exception) -> bool:
+    """Inside `shard_map` with `check_vma=True`, JAX (0.8 to 0.10 at least) checks
+    a collective's axis names against the mesh with a bare `assert` (in
+    `core.pvary`): an `AssertionError` without a message."""
+    return type(error) is AssertionError and not error.args
+
+
 # JAX's warning for donated buffers no output reuses lists avals; filtx's own,
 # with the same opening, lists paths (which this does not match).
 UNUSABLE_DONATION_WARNING = re.compile("Some donated buffers were not usable: (?!args|kwargs|fun)")
 
 # The opening of both: JAX's warning and filtx's (a comparison silences either).
 ANY_UNUSABLE_DONATION = "Some donated buffers were not usable"
+
+
+def varying_axes(aval: Any) -> frozenset:
+    """The manual mesh axes a value inside `shard_map` varies along (its type's
+    `{V:data}`): `aval.mat.varying` on JAX 0.10, `aval.vma` before."""
+    mat = getattr(aval, "mat", None)
+    varying = getattr(mat, "varying", None) if mat is not None else getattr(aval, "vma", None)
+    return frozenset(varying or ())
 
 
 def arg_aval(info: Any) -> Any:

@@ -435,7 +435,7 @@ def int_out_axis_on_non_array_error(out: Any, index: int, axis: int) -> ValueErr
 
 
 def unmapped_outputs_error(culprits: list[str], why: str, fix: str) -> ValueError:
-    return ValueError(f"out_axes is None for output {', '.join(culprits)}, but {why}. {fix}")
+    return ValueError(f"out_axes is None for output {_some(culprits, 6)}, but {why}. {fix}")
 
 
 # ---------------------------------------------------------------------------
@@ -443,30 +443,45 @@ def unmapped_outputs_error(culprits: list[str], why: str, fix: str) -> ValueErro
 
 
 def in_axes_error(paths: list[str], dynamic: list, axes, axis_size, what: str) -> ValueError | None:
-    """Explain a mapping failure: an axis out of range, or inconsistent sizes."""
-    sizes = []
+    """Explain a mapping failure: an axis out of range, or inconsistent sizes
+    (the leaves grouped by size: the rarer sizes first, each group's first paths
+    listed, the rest counted, so a large tree gives a short message)."""
+    sizes: dict = {}
     for path, leaf, axis in zip(paths, dynamic, axes):
         if axis is None:
             continue
         ndim = getattr(leaf, "ndim", 0)
         if ndim == 0 or not -ndim <= axis < ndim:
             return ValueError(
-                f"{path} ({describe(leaf)}) is mapped over axis {axis}, which is out of "
-                f"range for an array of {ndim} dimension(s). Give it another axis in "
-                f"in_axes, or None to pass it unmapped."
+                f"{what}: {path} ({describe(leaf)}) is mapped over axis {axis}, which is out of "
+                f"range for an array of {ndim} dimension(s). If it is meant to be the same on every "
+                f"device (a model, an optimiser state), do not map it: give its argument None in "
+                f"in_axes (e.g. in_axes={{'opt_state': None}}), and out_axes None where it is "
+                f"returned; else give it another axis in in_axes."
             )
-        sizes.append((path, leaf.shape[axis]))
-    distinct = {s for _, s in sizes}
-    if axis_size is not None:
-        distinct.add(axis_size)
-    if len(distinct) > 1:
-        listed = "; ".join(f"{p}: {s}" for p, s in sizes)
-        expected = f" (axis_size={axis_size})" if axis_size is not None else ""
-        return ValueError(
-            f"{what} got inconsistent sizes for the mapped axes{expected}: {listed}. "
-            f"Every mapped leaf must have the same size along its mapped axis."
-        )
-    return None
+        sizes.setdefault(leaf.shape[axis], []).append(path)
+    if len(sizes) + (axis_size is not None and axis_size not in sizes) <= 1:
+        return None
+    groups = sorted(sizes.items(), key=lambda item: len(item[1]))
+    listed = "; ".join(f"size {size}: {_some(group)}" for size, group in groups)
+    expected = f" (axis_size={axis_size})" if axis_size is not None else ""
+    if what == "filter_pmap":
+        likely = ("a batch needs a leading device axis (`x.reshape(n_devices, -1, *x.shape[1:])`); a model or "
+                  "state meant to be the same on every device is not mapped (in_axes None)")
+    else:
+        likely = "a leaf meant to be the same for every element is not mapped (in_axes None)"
+    most = len(groups) > 1 and len(groups[-1][1]) > len(groups[-2][1])
+    return ValueError(
+        f"{what} got inconsistent sizes for the mapped axes{expected}: {listed}. Every mapped leaf must have "
+        f"the same size along its mapped axis{' (most have ' + str(groups[-1][0]) + ')' if most else ''}; "
+        f"a leaf of a rarer size is the likely mistake: {likely}."
+    )
+
+
+def _some(paths: list[str], shown: int = 3) -> str:
+    """The first `shown` paths, the rest counted."""
+    more = f" and {len(paths) - shown} more" if len(paths) > shown else ""
+    return ", ".join(paths[:shown]) + more
 
 
 def device_count_error(path: str, leaf: Any, axis: int, n_devices: int) -> ValueError:
@@ -486,3 +501,78 @@ def no_mapped_input_error(transform: str) -> ValueError:
         f"but an output has an int out axis. Map an input, pass axis_size=, or give "
         f"every output out_axes=None."
     )
+
+
+# ---------------------------------------------------------------------------
+# Axis names and collectives (JAX's bare errors, said in the transform's terms)
+
+
+def user_frame(error: BaseException) -> str:
+    """`file:line (`code`)` of the last frame of `error`'s traceback outside JAX
+    and filtx (where the user's code called the collective), or ""."""
+    import os
+    import traceback
+
+    skip = tuple(os.path.dirname(os.path.dirname(m.__file__)) + os.sep for m in (jax,)) + (
+        os.path.dirname(os.path.dirname(os.path.dirname(__file__))) + os.sep + "filtx" + os.sep,)
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if not f.filename.startswith(skip)]
+    if not frames:
+        return ""
+    f = frames[-1]
+    return f" at {os.path.basename(f.filename)}:{f.lineno}" + (f" (`{f.line.strip()}`)" if f.line else "")
+
+
+def unbound_axis_error(transform: str, name: Any, bound: tuple, error: BaseException, given_by: str) -> NameError:
+    """A collective over an axis name the transform does not bind: the names it
+    binds (`given_by`: how, e.g. `axis_name=`), and the fix. JAX's own advice, to
+    call it under `jax.shard_map`, does not fit a filtx transform."""
+    named = f"the axis name {name!r}, which is not bound here"
+    if name is None:  # JAX said no more (`jax_compat.bare_axis_assertion`)
+        named = "an axis name the mesh does not have (JAX checks that with a bare assert, which raised AssertionError)"
+    if bound:
+        binds = f"{transform} binds {', '.join(map(repr, bound))} ({given_by})"
+        fix = f"Name {' or '.join(map(repr, bound))} in the collective: `jax.lax.pmean(x, {bound[0]!r})`"
+    else:
+        binds = f"{transform} binds no axis name ({given_by} not given)"
+        fix = f"Name the axis: `{transform}(..., axis_name={name!r})`"
+    return NameError(
+        f"{transform}: the collective{user_frame(error)} reduces over {named}: {binds}. {fix}."
+    )
+
+
+def unreplicated_output_error(path: str, spec: Any, axes: Any) -> ValueError:
+    """An output `out_specs` says is the same on every shard, which varies."""
+    names = ", ".join(map(repr, sorted(axes)))
+    first = repr(sorted(axes)[0]) if len(axes) == 1 else f"({names})"
+    return ValueError(
+        f"filter_shard_map: {path} varies over mesh axis {names} (it depends on inputs split along "
+        f"{'it' if len(axes) == 1 else 'them'}), but out_specs gives it {spec}, which says it is the same on "
+        f"every shard. Average it first, inside the function: `jax.lax.pmean(value, {first})` (psum for a "
+        f"sum; for a loss, pmean it inside the differentiated function), or give it a spec naming {names} "
+        f"to keep one piece per shard."
+    )
+
+
+def positional_names(fun: Any) -> list[str]:
+    """The names of `fun`'s positional parameters, for `named_path` (a callable
+    object's `__call__` without its `self`); [] where it has no signature."""
+    try:
+        params = list(inspect.signature(fun).parameters.values())
+    except (TypeError, ValueError):
+        return []
+    if getattr(fun, "__name__", None) == "__call__" and params:
+        params = params[1:]
+    return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+_ARGS_PATH = re.compile(r"args\[(\d+)\]")
+
+
+def named_path(path: str, names: list[str]) -> str:
+    """`x['a'] (args[2]['a'])`: a path by the parameter's name, where the
+    function names its position (the name the user wrote in a dict of specs),
+    the position beside it; `kwargs['x']...` already says the name."""
+    found = _ARGS_PATH.match(path)
+    if found is None or int(found.group(1)) >= len(names):
+        return path
+    return f"{names[int(found.group(1))]}{path[found.end():]} ({path})"

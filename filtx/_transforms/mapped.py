@@ -1,6 +1,7 @@
 """What the mapped transforms (filter_vmap, filter_pmap) share: per-unique-value
 axes, traced Python numbers as arrays, finding the outputs that cannot be
-returned unmapped, and the stand-in mapped input for `axis_size=` alone."""
+returned unmapped, the stand-in mapped input for `axis_size=` alone, and a
+collective over an axis name the transform does not bind, explained."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._core.errors import donation_in_mapped_error
+from .._base.jax_compat import unbound_axis_name
+from .._core.errors import donation_in_mapped_error, unbound_axis_error
 from .._core.roles import donate, is_array, is_ref
 
 __all__: list[str] = []
@@ -21,6 +23,15 @@ def check_no_donate_spec(specs: Any) -> None:
     for path, leaf in jax.tree_util.tree_flatten_with_path(specs)[0]:
         if leaf is donate:
             raise donation_in_mapped_error(f"specs{jax.tree_util.keystr(path)} is filtx.donate, but ")
+
+
+def unbound_axis(error: Exception, transform: str, axis_name: Any) -> NameError | None:
+    """JAX's `NameError` for a collective over an axis name nothing binds, said in
+    the transform's terms (the axis it binds, `axis_name` or None), or None."""
+    name = unbound_axis_name(error)
+    if name is None or name == repr(axis_name) or name == str(axis_name):
+        return None
+    return unbound_axis_error(transform, name, () if axis_name is None else (axis_name,), error, "axis_name=")
 
 
 def traced_numbers_as_arrays(dynamic: list) -> list:

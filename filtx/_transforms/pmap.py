@@ -29,6 +29,7 @@ from .._core.errors import (
     dynamic_paths, no_mapped_input_error, refs_in_pmap_error,
 )
 from .hosts import Hosts, mapped_size_error, mesh_devices
+from .mapped import unbound_axis
 from .lowering import AheadOfTime, lowering
 from .._core.out_specs import OutAxes, config_key
 from .._core.outputs import pack_outputs, unpack
@@ -105,7 +106,15 @@ class _PmapWrapper(AheadOfTime, Wrapper):
         try:
             return super()._recover(e, dynamic, split, entry)
         except Exception as error:
-            raise call_error(error, (ValueError, IndexError, TypeError), lambda _: self._size_error(split, dynamic))
+            raise call_error(error, (ValueError, IndexError, TypeError, NameError), lambda e: self._explain(e, split, dynamic))
+
+    def _explain(self, error: Exception, split: Split, dynamic: list) -> Exception | None:
+        """A collective over an axis name this wrapper does not bind, or a mapped
+        axis that does not fit the devices, said by name and path."""
+        if isinstance(error, NameError):
+            name = self._mapping.axis_name
+            return unbound_axis(error, self.transform, None if name == _DEFAULT_AXIS_NAME else name)
+        return self._size_error(split, dynamic)
 
     def _placed_shapes(self, entry: Entry, split: Split, dynamic: list) -> list:
         """`AheadOfTime._placed_shapes`: a call moves a committed array where its

@@ -1,10 +1,16 @@
 """filter_shard: place the arrays of a pytree by a prefix of shardings (a
 `device_put` outside a trace; inside one, a reshard on Explicit mesh axes and a
 sharding constraint on Auto ones; or a global array built from each process's
-local data), non-arrays untouched."""
+local data), non-arrays untouched. An error names a leaf as the call wrote
+it (`x`, `batch['a']`), read from the caller's line on the error path."""
 
 from __future__ import annotations
 
+import ast
+import linecache
+import re
+import sys
+import textwrap
 from typing import Any
 
 import jax
@@ -66,6 +72,16 @@ def filter_shard(tree: Any, shardings: Any, *, mesh: Any = None, process_local: 
     except SpecError as e:
         raise ValueError(f"filter_shard: shardings for tree: {e}") from None
     flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
+    try:
+        return treedef.unflatten(_placed_leaves(flat, triples, mesh, process_local))
+    except ValueError as e:
+        renamed = _as_called(str(e), sys._getframe(1))
+        if renamed is None:
+            raise
+        raise ValueError(renamed) from e.__cause__
+
+
+def _placed_leaves(flat: list, triples: list, mesh: Any, process_local: bool) -> list:
     tracing = not top_level()
     leaves = []
     for (path, leaf), (value, _, exact) in zip(flat, triples):
@@ -86,7 +102,43 @@ def filter_shard(tree: Any, shardings: Any, *, mesh: Any = None, process_local: 
                 raise ValueError(f"{where}: {e}") from None
             value = result
         leaves.append(_place(leaf, value, mesh, where, tracing, process_local))
-    return treedef.unflatten(leaves)
+    return leaves
+
+
+_TREE_PATH = re.compile(r"tree(\[(\d+)\])?")
+
+
+def _as_called(message: str, frame: Any) -> str | None:
+    """`message`, its leading `tree...` path said as the caller wrote the tree:
+    `x` for `filter_shard(x, ...)`, `y['a']` for `tree[1]['a']` of
+    `filter_shard((x, y), ...)`. None where the line does not say (the tree is
+    an expression, the source is not at hand)."""
+    # (an error path only: the line is read and parsed once the call has failed)
+    found = _TREE_PATH.match(message)
+    argument = _first_argument(frame) if found else None
+    if isinstance(argument, ast.Name):
+        return argument.id + message[len("tree"):]
+    if isinstance(argument, (ast.Tuple, ast.List)) and found.group(2) is not None:
+        index = int(found.group(2))
+        if index < len(argument.elts) and isinstance(argument.elts[index], (ast.Name, ast.Attribute)):
+            return ast.unparse(argument.elts[index]) + message[found.end():]
+    return None
+
+
+def _first_argument(frame: Any) -> Any:
+    """The first argument's expression of the `filter_shard(...)` call `frame`
+    is making (its source span, over several lines too), or None."""
+    try:
+        start, end, col, end_col = list(frame.f_code.co_positions())[frame.f_lasti // 2]
+        lines = linecache.getlines(frame.f_code.co_filename)[start - 1:end]
+        lines[-1], lines[0] = lines[-1][:end_col], lines[0][col:] if len(lines) > 1 else lines[0][col:end_col]
+        call = ast.parse(textwrap.dedent("".join(lines)).strip(), mode="eval").body
+    except Exception:  # no source, no positions: the path stays `tree...`
+        return None
+    name = getattr(call, "func", None)
+    if isinstance(call, ast.Call) and call.args and getattr(name, "attr", getattr(name, "id", None)) == "filter_shard":
+        return call.args[0]
+    return None
 
 
 def _place(leaf: Any, value: Any, mesh: Any, where: str, tracing: bool, process_local: bool) -> Any:

@@ -21,7 +21,9 @@ from typing import Any, ParamSpec, TypeVar, overload
 import jax
 from jax.sharding import PartitionSpec
 
-from .._base.jax_compat import top_level, user_out_specs as _user_out_specs
+from .._base.jax_compat import (
+    bare_axis_assertion, top_level, unbound_axis_name, user_out_specs as _user_out_specs, varying_axes,
+)
 from .._core.boundary import Boundary, Split, flat_functions, unique_paths
 from .._core.entry import Entry
 from .._core.caches import BoundedCache
@@ -33,14 +35,14 @@ from .per_shard import PerShard, per_shard_shape, spec_problem
 from .._core.resolve import LeafResolver
 from .._base.indexing import first_positions
 from .._core.roles import MODES, is_ref, static
-from .._core.errors import describe
+from .._core.errors import describe, unbound_axis_error, unreplicated_output_error
 from .sharding import (
     OUT_SPECS, SPECS, ambient_concrete_mesh, ambient_mesh, check_mesh, entries, inferred_spec, misplaced_error, show,
-    misplaced_shape_error, same_placement, shape_sharding, unsharded,
+    misplaced_shape_error, same_placement, shape_sharding, spec_names, unsharded,
 )
 from .typing import Jitted
 from .options import InFlightOptions
-from .wrapper import Wrapper
+from .wrapper import Wrapper, call_error
 
 __all__ = ["filter_shard_map"]
 
@@ -135,7 +137,9 @@ class _ShardMapWrapper(AheadOfTime, Wrapper):
         again; else the error names its path. Then `Wrapper._recover`, with
         the out specs named as the user wrote them. First of all, an in spec
         that `jax.shard_map` refuses (an axis the mesh lacks, a spec that does
-        not divide its value...) is said by the path of its argument."""
+        not divide its value...) is said by the path of its argument. A
+        collective over an axis name the mesh lacks (JAX: a `NameError`, or with
+        `check_vma=True` a bare `AssertionError`) is said with the mesh's axes."""
         refused = self._sharding.in_spec_error(entry, dynamic, split)
         if refused is not None:
             raise refused from None
@@ -155,6 +159,9 @@ class _ShardMapWrapper(AheadOfTime, Wrapper):
         except ValueError as error:
             _user_out_specs(error)
             raise
+        except (NameError, AssertionError) as error:
+            raise call_error(error, (NameError, AssertionError), self._sharding.axis_error)
+
 
     def _placed_shapes(self, entry: Entry, split: Split, dynamic: list) -> list:
         """`AheadOfTime._placed_shapes`: as an eager call takes a committed array
@@ -230,7 +237,7 @@ class _Sharding:
                 key = (tuple(map(jax.typeof, xs)), config_key(), mesh)
                 tree, flat = entry.resolved.get_or_build(key, lambda: self.evaluate_out_specs(entry, xs, specs, mesh))
             self.check_out_specs(tree, mesh)  # at trace time: once per signature
-            return _with_out_ranks_checked(flat, tree), specs, (tree, _REPLICATED)
+            return _with_out_ranks_checked(flat, tree, self.check_vma), specs, (tree, _REPLICATED)
 
         run = entry.runs[mesh] = PerShard(inner, mesh, entry.placed, self.axis_names, self.check_vma)
         return run
@@ -249,6 +256,19 @@ class _Sharding:
                 path = unique_paths(split.root, split.plan, split.pattern)[i]
                 return ValueError(f"{path} ({_described(x)}): in_specs gives it {show(spec)}, {problem}.")
         return None
+
+    def axis_error(self, error: Exception) -> NameError | None:
+        """On the error path: JAX's error for a collective over an axis name this
+        shard_map does not bind, said with the axes it binds, or None."""
+        name = unbound_axis_name(error)
+        if name is None and not bare_axis_assertion(error):
+            return None
+        mesh = self.mesh or ambient_concrete_mesh() or ambient_mesh()
+        bound = tuple(a for a in (mesh.axis_names if mesh is not None else ()) if not self.axis_names or a in self.axis_names)
+        if name in bound:
+            return None
+        given_by = "axis_names=" if self.axis_names else "the mesh's axes"
+        return unbound_axis_error("filter_shard_map", name, bound, error, given_by)
 
     def check_out_specs(self, tree: Any, mesh: Any) -> None:
         """At trace time: refuse, by its place in `out_specs`, a spec `jax.shard_map`
@@ -289,14 +309,18 @@ def _described(x: Any) -> str:
     return describe(x)
 
 
-def _with_out_ranks_checked(flat: Callable, tree: Any) -> Callable:
+def _with_out_ranks_checked(flat: Callable, tree: Any, check_vma: bool) -> Callable:
     """`flat`, refusing at trace time an out spec with more entries than the output it
-    is given to has dimensions, by the output's path (JAX names its flat outputs)."""
+    is given to has dimensions, by the output's path (JAX names its flat outputs);
+    with `check_vma`, an output that varies over an axis its spec does not name
+    (JAX's error names no output, and suggests `check_vma=False`, which would
+    return one shard's value as if every shard had it)."""
 
     @functools.wraps(flat)
     def checked(*xs):
         out = flat(*xs)
         found: list = []
+        unreplicated: list = []
 
         def check(spec_path, spec, sub):
             if isinstance(spec, PartitionSpec) and not found:
@@ -305,11 +329,17 @@ def _with_out_ranks_checked(flat: Callable, tree: Any) -> Callable:
                     if ndim is not None and len(entries(spec)) > ndim:
                         found.append((spec_path, spec, path, leaf))
                         return
+                    varying = check_vma and ndim is not None and varying_axes(jax.typeof(leaf))
+                    if varying and not varying <= spec_names(spec) and not unreplicated:
+                        unreplicated.append((tuple(spec_path) + tuple(path), spec, varying - spec_names(spec)))
 
         try:
             jax.tree_util.tree_map_with_path(check, tree, out[0], is_leaf=_is_spec)
         except ValueError:  # not a prefix of the output: JAX says so, naming out_specs
             return out
+        if unreplicated and not found:
+            path, spec, axes = unreplicated[0]
+            raise unreplicated_output_error("out" + jax.tree_util.keystr(path), show(spec), axes)
         if found:
             spec_path, spec, path, leaf = found[0]
             n, ndim = len(entries(spec)), leaf.ndim

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any, Callable
 
 import jax
 from jax.sharding import AxisType, NamedSharding, PartitionSpec, Sharding
 
 from .._base.jax_compat import get_concrete_mesh, is_committed, top_level
-from .._core.errors import SpecError, describe, warn_at_function
+from .._core.errors import SpecError, describe, named_path, positional_names, warn_at_function
 from .._core.placement import Placement
 from .._core.roles import static
 
@@ -147,17 +148,35 @@ def _check_axis_names(spec: PartitionSpec, mesh: Any, path: str) -> None:
 
 
 def check_divides(sharding: Any, leaf: Any, path: str) -> None:
-    """A sharding must divide the leaf's shape into equal shards."""
+    """A sharding must divide the leaf's shape into equal shards: else the
+    dimension that it does not divide, the sharding once, and the fix (pad)."""
     shape = getattr(leaf, "shape", None)
     if sharding is None or shape is None or not hasattr(sharding, "shard_shape"):
         return
     try:
         sharding.shard_shape(tuple(shape))
     except ValueError as e:
-        raise ValueError(
-            f"{path} ({describe(leaf)}): its sharding {sharding} does not divide its shape "
-            f"({e}). Give it a PartitionSpec whose mesh axes divide its dimensions, or None."
-        ) from None
+        raise _indivisible_error(sharding, leaf, path) from e
+
+
+def _indivisible_error(sharding: Any, leaf: Any, path: str) -> ValueError:
+    spec, mesh = getattr(sharding, "spec", None), getattr(sharding, "mesh", None)
+    shape = tuple(leaf.shape)
+    if spec is None or mesh is None:
+        return ValueError(f"{path} ({describe(leaf)}): {sharding} does not divide its shape into equal shards.")
+    for dim, entry in enumerate(entries(spec)[: len(shape)]):
+        names = () if entry is None else entry if isinstance(entry, tuple) else (entry,)
+        pieces = math.prod(mesh.shape[name] for name in names if name in mesh.shape)
+        if pieces > 1 and shape[dim] % pieces:
+            pad = [(0, 0)] * len(shape)
+            pad[dim] = (0, -shape[dim] % pieces)
+            return ValueError(
+                f"{path} ({describe(leaf)}): {show(spec)} splits dimension {dim} (size {shape[dim]}) into "
+                f"{pieces} pieces (mesh axis {', '.join(map(repr, names))}), which does not divide it. Pad it to "
+                f"a multiple of {pieces} (`jnp.pad(x, {tuple(pad)})`, leaving the padded rows out of the loss, "
+                f"or drop the last {shape[dim] % pieces}), or give dimension {dim} None in the spec (replicated)."
+            )
+    return ValueError(f"{path} ({describe(leaf)}): {sharding} does not divide its shape into equal shards.")
 
 
 def place(x: Any, value: Any, mesh: Any = None, constrain: bool = True) -> Any:
@@ -372,16 +391,22 @@ def checking_argument_types(flat: Callable, split: list, paths: list, shown: lis
             spec = getattr(jax.typeof(args[i]).sharding, "spec", None)
             if not axes <= (spec_names(spec) if spec is not None else frozenset()):
                 missing.append(i)
-        if missing:
-            warn_at_function(_replicated_message([(paths[i], args[i], shown[i]) for i in missing]),
-                             ReplicatedArgumentWarning, source)
+        if missing:  # said by the names in_shardings gives by (`x (args[2])`)
+            names = positional_names(source) if source is not None else []
+            found = [(named_path(paths[i], names), args[i], shown[i]) for i in missing]
+            warn_at_function(_replicated_message(found), ReplicatedArgumentWarning, source)
         return flat(*args)
 
     return functools.update_wrapper(checked, flat)  # JAX names the program after it
 
 
+def _with_type(path: str, what: str) -> str:
+    """`x (args[2], float32[8, 3], ...)`, `args[2] (float32[8, 3], ...)`."""
+    return f"{path[:-1]}, {what})" if path.endswith(")") else f"{path} ({what})"
+
+
 def _replicated_message(found: list) -> str:
-    listed = ", ".join(f"{path} ({x.dtype}{list(x.shape)}, in_shardings {spec})" for path, x, spec in found[:6])
+    listed = ", ".join(_with_type(path, f"{x.dtype}{list(x.shape)}, in_shardings {spec}") for path, x, spec in found[:6])
     more = f" and {len(found) - 6} more" if len(found) > 6 else ""
     spec = found[0][2]
     return (

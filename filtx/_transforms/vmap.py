@@ -22,7 +22,7 @@ from .._core.errors import (
     no_mapped_input_error,
     unmapped_outputs_error,
 )
-from .mapped import check_no_donate_spec, first_failing, traced_numbers_as_arrays
+from .mapped import check_no_donate_spec, first_failing, traced_numbers_as_arrays, unbound_axis
 from .._core.out_specs import OutAxes, config_key, resolve_by_evaluation
 from .._core.outputs import unpack
 from .._core.placement import AXES
@@ -212,11 +212,14 @@ class _VmapWrapper(Wrapper):
 
     def _recover(self, e: Exception, dynamic: list, split: Split, entry: Entry) -> Any:
         """`Wrapper._recover`; then a clearer error where the batching explains it
-        (`_Batching.explain_failure`)."""
+        (`_Batching.explain_failure`), or a collective over an axis name this
+        wrapper does not bind (`mapped.unbound_axis`)."""
         try:
             return super()._recover(e, dynamic, split, entry)
         except Exception as error:
             dynamic = traced_numbers_as_arrays(list(dynamic))
+            if isinstance(error, NameError):
+                raise call_error(error, NameError, lambda e: unbound_axis(e, self.transform, self._batching.axis_name))
             explain = lambda error: self._batching.explain_failure(error, split, entry, dynamic)  # noqa: E731
             raise call_error(error, ValueError, explain)
 
