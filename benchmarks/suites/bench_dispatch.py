@@ -183,7 +183,7 @@ def train_model(smoke: bool, leaves: int | str | None = None):
 def warm_adam_loops(leaves: int, variants: dict) -> tuple[list, dict]:
     """`(batches, {name: (step, state)})`: the timed Adam loop of `leaves` array
     leaves for each `variants` name -> variant, compiled (three steps on a copy of
-    the state); for the profile `probes/step_parts.py`."""
+    the state); the profile `probes/step_parts.py` read it until 54f1387."""
     model = train_model(False, leaves)
     batches = models.regression_batches(4, TRAIN_BATCH, model.in_size, model.out_size)
     setups = {name: train_setup(variant, False, leaves, True) for name, variant in variants.items()}
