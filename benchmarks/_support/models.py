@@ -155,21 +155,6 @@ def jitted(variant: str, fn: Callable, model: Any) -> tuple[Callable, Any]:
     raise ValueError(variant)
 
 
-def with_build(floor: Callable, treedef: Any) -> Callable:
-    """`floor(flat, x, y) -> (flat, loss)` that also builds its outputs into
-    their pytree (`treedef.unflatten`) every step, held until the next as a
-    loop holds its model: what any transformation that returns the model and
-    its state pays at least (the floor + build)."""
-    built = [None]
-
-    def floor_and_build(flat, x, y):
-        out, loss = floor(flat, x, y)
-        built[0] = treedef.unflatten(out)
-        return out, loss
-
-    return floor_and_build
-
-
 def fresh_copy(tree: Any) -> Any:
     """A copy of `tree` with every array leaf in a new buffer (non-arrays kept),
     ready on the device when this returns. Use it to give each round of a donating
