@@ -23,17 +23,8 @@ import filtx._fastpath.reuse as _reuse  # noqa: E402
 BOTH_WAYS = {"test_jit.py", "test_fidelity.py", "test_donation.py"}
 
 
-# Python's cyclic garbage collector, in a test process: a young collection every
-# 50,000 tracked objects rather than 700. The suite makes millions of short-lived
-# objects (pytrees, tracers, jaxprs), most freed by their reference counts before
-# a collection would scan them; at the default a worker spent several seconds a
-# run in the collector. What a test checks is freed, it collects itself.
-GC_THRESHOLD = (50_000, 20, 10)
-
-
 def pytest_configure(config):
     config.addinivalue_line("markers", "one_way: run once, not both with and without reuse (a timing test)")
-    gc.set_threshold(*GC_THRESHOLD)
     if not config.getoption("benchmark_enable", False):
         compile_quickly()
 
