@@ -24,7 +24,7 @@ def modules(folder: str, as_root: bool) -> dict[str, str]:
             if f.endswith(".py"):
                 path = os.path.join(d, f)
                 name = os.path.relpath(os.path.abspath(path), os.path.abspath(base))[:-3].replace(os.sep, ".")
-                out[name[: -len(".__init__")] if name.endswith(".__init__") else name] = path
+                out[name.removesuffix(".__init__")] = path
     return out
 
 
