@@ -54,6 +54,7 @@ sys.stdout.buffer.write(pickle.dumps(results))
 """
 
 
+@pytest.mark.e2e  # a user's round trip: exported here, serialized, run in a fresh process (`pytest -m e2e`)
 def test_a_whole_model_step_exports_serializes_and_runs_in_another_process():
     wrapper = filtx.filter_jit(step)
     model = make_mlp()

@@ -185,17 +185,27 @@ while total < 0.25:  # grow the work until it takes a quarter of a second (a cac
     dispatched = time.perf_counter() - t0
     out.block_until_ready()
     total = time.perf_counter() - t0
-print(dispatched, total)
+print("call", dispatched, total)
 """
 
 
-@pytest.mark.one_way
-def test_call_does_not_block():
-    # In a process of its own: after a failed run-time check (`eqx.error_if`, as
-    # other tests raise), JAX 0.7 dispatches every later computation synchronously.
-    done = subprocess.run([sys.executable, "-c", NOT_BLOCKING], capture_output=True, text=True, timeout=300)
+@pytest.fixture(scope="module")
+def not_blocking():
+    """`{name: (dispatched, total)}` from one fresh process running both scripts
+    below, one after the other (`call`: NOT_BLOCKING; `filtx`, `jax.jit`:
+    NOT_BLOCKING_LOOP). In a process of its own: after a failed run-time check
+    (`eqx.error_if`, as other tests raise), JAX 0.7 dispatches every later
+    computation synchronously. One process for both saves a start-up of JAX."""
+    script = NOT_BLOCKING + "\n" + NOT_BLOCKING_LOOP
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    dispatched, total = map(float, done.stdout.split()[-2:])
+    lines = [line.split() for line in done.stdout.splitlines() if line.split()[:1] in (["call"], ["filtx"], ["jax.jit"])]
+    return {name: (float(d), float(t)) for name, d, t in lines}
+
+
+@pytest.mark.one_way
+def test_call_does_not_block(not_blocking):
+    dispatched, total = not_blocking["call"]
     assert dispatched < total / 5, (dispatched, total)
 
 
@@ -231,15 +241,13 @@ for name, step in (("filtx", filtx.filter_jit(body, donate="arrays")), ("jax.jit
 
 
 @pytest.mark.one_way
-def test_a_donating_loop_fed_back_does_not_block():
+def test_a_donating_loop_fed_back_does_not_block(not_blocking):
     # The training loop's path (outputs fed back, taken from the call layout, their
     # buffers donated): four steps are dispatched before the first one ends, where
     # `eqx.filter_jit(donate="all")` waits out each. Where JAX's own donating call
     # waits (the CPU runtime of JAX 0.7 and 0.8: 669 of 669 ms), filtx's call, which is that
     # call, can do no better. A process of its own, as above.
-    done = subprocess.run([sys.executable, "-c", NOT_BLOCKING_LOOP], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    read = {name: (float(d), float(t)) for name, d, t in (line.split() for line in done.stdout.splitlines()[-2:])}
+    read = {name: not_blocking[name] for name in ("filtx", "jax.jit")}
     (filtx_dispatched, filtx_total), (jax_dispatched, jax_total) = read["filtx"], read["jax.jit"]
     if jax_dispatched < jax_total / 2:  # the runtime queues a donating call
         assert filtx_dispatched < filtx_total / 5, read

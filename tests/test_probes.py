@@ -36,7 +36,7 @@ def anchors(page: pathlib.Path) -> set[str]:
 
 
 def test_there_are_probes():
-    assert len(PROBES) >= 5, PROBES
+    assert PROBES, PROBES  # the layouts study at least
 
 
 @pytest.mark.parametrize("probe", PROBES, ids=lambda p: p.name)

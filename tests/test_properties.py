@@ -79,6 +79,7 @@ INTS = [0, 1, 7, -3]
 DTYPES = ["float32", "int32", "bool"]
 
 
+@functools.cache  # one strategy object: Hypothesis works out a new one's properties again on every draw
 def leaf_blueprints(mapped: bool):
     shapes = [(), (2,), (2, 3)] if not mapped else [(), (2,)]  # per-example (after the batch axis)
     arrays = st.tuples(
@@ -97,6 +98,7 @@ def leaf_blueprints(mapped: bool):
     return st.one_of(arrays, arrays, *others)
 
 
+@functools.cache  # one strategy object: Hypothesis works out a new one's properties again on every draw
 def tree_blueprints(mapped: bool):
     def extend(children):
         return st.one_of(

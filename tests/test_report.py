@@ -121,29 +121,3 @@ def test_quick_report(tmp_path):
         data = (tmp_path / image).read_bytes()
         assert data.startswith(PNG_SIGNATURE) and len(data) > 1000, image
 
-
-def test_step_parts_profile_runs_and_adds_up():
-    """`python benchmarks/probes/step_parts.py`: a row per size, every figure a time and
-    its fraction of that row's floor step."""
-    done = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "benchmarks", "probes", "step_parts.py"), "2", "20", "--rounds", "1"],
-        capture_output=True, text=True, timeout=TIME_LIMIT_S, cwd=ROOT,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    lines = done.stdout.strip().splitlines()
-    header = lines[1].split(" | ")
-    assert header == ["array leaves", "floor", "floor + build", "jax.jit", "filtx", "flatten", "prepare", "unflatten",
-                      "filtx build", "floor + unflatten", "filtx / (floor + unflatten)", "filtx / (floor + build)"]
-    rows = [line.split(" | ") for line in lines[2:]]
-    assert [row[0] for row in rows] == ["2", "20"]
-    for row in rows:
-        cells = [re.fullmatch(r"([0-9.]+) \(([0-9.]+)\)", cell) for cell in row[1:-2]]
-        assert all(cells), row
-        times = dict(zip(header[1:-2], (float(c.group(1)) for c in cells)))
-        fractions = [float(c.group(2)) for c in cells]
-        assert fractions[0] == 1.0 and all(t > 0 for t in times.values())
-        assert math.isclose(times["floor + unflatten"], times["floor"] + times["unflatten"], abs_tol=0.2)
-        # The last two columns are filtx over the floor plus unflatten, and over the
-        # floor + build loop: bare ratios.
-        for ratio, over in zip(row[-2:], ("floor + unflatten", "floor + build")):
-            assert math.isclose(float(ratio), times["filtx"] / times[over], rel_tol=0.05, abs_tol=0.02)

@@ -4,7 +4,6 @@ files (`benchmarks/results/published.json`) render to, every section names
 its file, and the build orders a study balances over are balanced."""
 
 import itertools
-import json
 import os
 import sys
 
@@ -22,13 +21,24 @@ def test_the_page_is_what_its_results_render_to():
 def test_every_section_names_its_results_file():
     page = open(render.PAGE, encoding="utf-8").read()
     index = render.read_index()
-    named = [*index["report"], *(p for _, p in index["compare_stability"]), index["pytree_orders"],
-             *(p for _, p in index["orders"]), index["gpu_report"], *filter(None, [index.get("layouts")])]
+    named = [*index["report"], *index["kept"], *filter(None, [index.get("layouts")])]
     for path in named:
         assert os.path.exists(os.path.join(ROOT, path)), path
     sections = page.split("\n## ")[1:-1]  # all but the title and "Reproducing"
-    for section in sections:  # each names its file, or (compare_stability's runs) its folder
+    for section in sections:  # each names its file, or (a kept section) the folder of its saved runs
         assert any(path in section or os.path.dirname(path) + "/" in section for path in named), section[:80]
+
+
+def test_a_kept_section_is_its_markdown_and_brings_its_images(tmp_path):
+    """A study that left the tree keeps its section as Markdown beside its
+    runs: the page has it line for line, and the images it shows are copied
+    next to the page's own plots."""
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "section.md").write_text("## Kept\n\nFrom `runs/x.json` at abc1234.\n\n![a plot](img/p.png)\n")
+    (tmp_path / "runs" / "p.png").write_bytes(b"png")
+    lines = render.page({"kept": ["runs/section.md"]}, str(tmp_path), str(tmp_path / "img"))
+    assert lines[:6] == ["## Kept", "", "From `runs/x.json` at abc1234.", "", "![a plot](img/p.png)", ""]
+    assert (tmp_path / "img" / "p.png").read_bytes() == b"png"
 
 
 def test_the_build_orders_are_balanced():
@@ -52,34 +62,12 @@ def test_a_round_robin_rotates_its_rounds_and_keeps_each_cases_figures():
     assert all(len(timed.seconds[n]) == 4 and timed.results[n] == [n] * 4 for n in "abc")
 
 
-def test_an_orders_study_is_summarised_over_its_build_orders():
-    def group(order, ratio):  # one process's group, as the suite's ratio file has it
-        variants = {"floor": [1.0] * 3, "filtx": [ratio] * 3}
-        return {"baseline": "floor", "unit": "step", "variants": {
-            v: {"median_s": 1e-3, "rounds": 3, "round_s": [1e-3 * x for x in rounds], "built_at": order.index(v)}
-            for v, rounds in variants.items()}}
-
-    orders = [tuple(("floor", "filtx")[i] for i in row) for row in runner.orders(2)]
-    saved = {"when": "today", "args": "suite.py", "env": {"cpu": "cpu", "cores": 2, "jax": "0"},
-             "targets": [["g", "filtx", "floor", 1.05]],
-             "processes": [{"order": k, "groups": {"g": group(o, 1.2 if o[0] == "floor" else 0.8)}}
-                           for k, o in enumerate(orders)]}
-    (s,) = study_pages.orders_summary(saved)
-    assert abs(s["balanced"] - (1.2 * 0.8) ** 0.5) < 1e-12 and s["met"]  # the geometric mean over the orders
-    assert s["each"] == [(1.2, True), (0.8, False)]  # built after the floor, and before it
-    text = "\n".join(study_pages.orders_section(saved, "Groups", "x.json"))
-    assert "| `g` | filtx | floor | 1.000 | 0.980 | 1.200 | 0.800 | 1.05x: met |" in text
-
-
 def test_a_section_replaces_its_own_and_nothing_else(tmp_path):
     page = tmp_path / "benchmarks.md"
     page.write_text("\n".join(["# Benchmarks", "", "## A", "old", "## Reproducing", "x"]))
     report_pages.write_section(str(page), ["## A", "new"])
     report_pages.write_section(str(page), ["## B", "added"])
     assert page.read_text().split("\n") == ["# Benchmarks", "", "## A", "new", "## B", "added", "## Reproducing", "x"]
-    path = render.read_index()["pytree_orders"]
-    with open(os.path.join(ROOT, path)) as f:
-        assert study_pages.pytree_orders_section(json.load(f), path)[0] == study_pages.PYTREE_ORDERS_SECTION
 
 
 def test_the_layouts_study_is_summarised_against_each_ways_floor():

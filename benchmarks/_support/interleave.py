@@ -11,8 +11,8 @@ period of a shared machine does not land on one variant alone.
 3. In a timed run, the first test of a group to call `measure` prepares every
    registered variant in collection order (with `FILTX_BENCH_BUILD_ORDER=k`,
    in the k-th order of `runner.orders`: a program compiled earlier in a
-   process can run faster, and `probes/orders.py` balances that with a
-   process per order), then times them round-robin.
+   process can run faster, which a process per order balances out; the
+   study `probes/orders.py` did so until 54f1387), then times them round-robin.
 4. Each test's `measure` hands its own durations to its `benchmark` fixture
    (`benchmark.pedantic` over a replay of them, through the timer the
    `benchmark` marker sets); `ratios.measure` records them with the rounds and

@@ -155,37 +155,6 @@ def jitted(variant: str, fn: Callable, model: Any) -> tuple[Callable, Any]:
     raise ValueError(variant)
 
 
-def with_build(floor: Callable, treedef: Any) -> Callable:
-    """`floor(flat, x, y) -> (flat, loss)` that also builds its outputs into
-    their pytree (`treedef.unflatten`) every step, held until the next as a
-    loop holds its model: what any transformation that returns the model and
-    its state pays at least (the floor + build)."""
-    built = [None]
-
-    def floor_and_build(flat, x, y):
-        out, loss = floor(flat, x, y)
-        built[0] = treedef.unflatten(out)
-        return out, loss
-
-    return floor_and_build
-
-
-def wide_mlp_step(mb: float, width: int = 1024, batch: int = 64):
-    """`(train_step, model, opt_state, x, y, param_bytes)`: issue 33's step, an
-    `eqx.nn.MLP` of `width` x `width` float32 layers (4 MiB each at 1024) holding
-    about `mb` MB of parameters, trained with `optax.adam(1e-4)` on one batch;
-    its arrays on the device."""
-    depth = max(0, round(mb * 2**20 / (4 * (width * width + width))) - 1)
-    model = eqx.nn.MLP(width, width, width, depth, key=jax.random.key(0))
-    optim = optax.adam(1e-4)
-    opt_state = optim.init(eqx.filter(model, eqx.is_inexact_array))
-    (x, y), *_ = regression_batches(1, batch, width, width)
-    x, y = jnp.asarray(x), jnp.asarray(y)
-    jax.block_until_ready((model, opt_state, x, y))
-    params = sum(a.nbytes for a in jax.tree_util.tree_leaves(eqx.filter(model, eqx.is_array)))
-    return make_train_step(optim), model, opt_state, x, y, params
-
-
 def fresh_copy(tree: Any) -> Any:
     """A copy of `tree` with every array leaf in a new buffer (non-arrays kept),
     ready on the device when this returns. Use it to give each round of a donating

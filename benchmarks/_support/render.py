@@ -2,18 +2,20 @@
 results alone. `benchmarks/results/published.json` names what each section is
 written from (paths from the repository's root): `report`, the report's data
 files, merged in order (a suite run alone replaces that suite's groups);
-`compare_stability`, `[label, file]` pairs; `pytree_orders`, a file;
-`orders`, `[title, file]` pairs, a section each; `gpu_report`, a GPU run's
-lines; `layouts`, the lines of `probes/layouts.py`. `report.py --render`
-writes the page from them; `report.py`, `probes/orders.py --report`,
-`probes/gpu_report.py --report` and `probes/layouts.py --report` name their
-file there first (`publish`). Each section names its file.
+`kept`, the sections of studies that left the tree, Markdown files kept as
+those studies wrote them beside their saved runs (each cites the commit that
+ran it; an image one shows, `img/NAME.png`, lies beside it); `layouts`, the
+lines of `probes/layouts.py`. `report.py --render` writes the page from them;
+`report.py` and `probes/layouts.py --report` name their file there first
+(`publish`). Each section names its file.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 
 from _support import report_pages, study_pages
 
@@ -49,6 +51,17 @@ def load_report(paths: list[str], root: str = ROOT) -> dict:
     return out
 
 
+def kept_section(path: str, img: str | None = None) -> list[str]:
+    """A kept section's lines, as the page has them; with `img`, the images it
+    shows copied there from beside it."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read().rstrip("\n")
+    for name in re.findall(r"\]\(img/([^)]+)\)", text) if img is not None else ():
+        os.makedirs(img, exist_ok=True)
+        shutil.copyfile(os.path.join(os.path.dirname(path), name), os.path.join(img, name))
+    return [*text.split("\n"), ""]
+
+
 def page(index: dict, root: str = ROOT, img: str | None = None) -> list[str]:
     """The whole page from `index` (`published.json`'s form); with `img`, its
     plots into that folder."""
@@ -58,16 +71,8 @@ def page(index: dict, root: str = ROOT, img: str | None = None) -> list[str]:
         if img is not None:
             report_pages.plots(report, img)
         lines += report_pages.report_sections(report)
-    if index.get("compare_stability"):
-        lines += study_pages.compare_stability_section(index["compare_stability"], root)
-    if index.get("pytree_orders"):
-        with open(os.path.join(root, index["pytree_orders"])) as f:
-            lines += study_pages.pytree_orders_section(json.load(f), index["pytree_orders"])
-    for title, path in index.get("orders", []):
-        with open(os.path.join(root, path)) as f:
-            lines += study_pages.orders_section(json.load(f), title, path)
-    if index.get("gpu_report"):
-        lines += study_pages.gpu_render(os.path.join(root, index["gpu_report"]), root, img)
+    for path in index.get("kept", []):
+        lines += kept_section(os.path.join(root, path), img)
     if index.get("layouts"):
         lines += study_pages.layouts_render(os.path.join(root, index["layouts"]), root)
     return lines + report_pages.REPRODUCING

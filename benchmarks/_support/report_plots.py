@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import os
 
-from _support.report_pages import fmt_time, fsdp_bytes, loop_groups, small_model_groups
+from _support.groups import fsdp_bytes, loop_groups, small_model_groups
+from _support.ratios import format_time as fmt_time
 
 FONT = 10
 DONATION_STYLES = {  # mode -> matplotlib line style; overlapping lines stay visible
@@ -234,65 +235,3 @@ def plot_loops(groups: dict, img: str) -> list[str]:
             ylabel="median time per call (µs; lower is better)",
             title=f"Inference loop: the same model, a new batch, {calls} calls"))
     return written
-
-
-def plot_gpu_report(loops: list[dict], first_calls: dict, path: str, title: str) -> str:
-    """The GPU report's plot (`probes/gpu_report.py`). `loops`: a row each, as
-    `gpu_report.loop_summaries` gives them (`row`, `over`, `target`,
-    `filtx_over`, `per_order`; rows not measured are skipped); `first_calls`:
-    wrapper -> its processes' first calls (`first_s`, `compile_s`). Returns
-    the file written."""
-    import statistics
-
-    plt = _pyplot()
-    rows = [s for s in loops if s.get("runs")]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, max(3.6, 0.5 * len(rows) + 1.8)),
-                                      gridspec_kw={"width_ratios": [3, 2]})
-    order_marks = {"filtx": ("^", "filtx built first"), "base": ("s", "baseline built first")}
-    largest = max([1.2] + [max(s["filtx_over"][s["over"]], *s["per_order"].values(), s["target"])
-                           for s in rows])
-    for i, s in enumerate(rows):
-        ratio = s["filtx_over"][s["over"]]
-        left.barh(i, ratio, color="tab:blue" if ratio <= s["target"] else "tab:orange", height=0.6)
-        for order, value in s["per_order"].items():
-            marker, _ = order_marks.get(order.split(",")[0], ("o", order))
-            left.plot([value], [i], marker=marker, color="black", markersize=6, linestyle="none")
-        left.plot([s["target"]] * 2, [i - 0.4, i + 0.4], color="tab:red", linewidth=2.2)
-        left.text(max(ratio, *s["per_order"].values(), s["target"]) + 0.02 * largest, i,
-                  f"{ratio:.3f}×", va="center", fontsize=FONT - 1)
-    for order, (marker, label) in order_marks.items():
-        left.plot([], [], marker=marker, color="black", linestyle="none", label=label)
-    left.plot([], [], color="tab:red", linewidth=2.2, label="target")
-    left.axvline(1.0, color="black", linewidth=1)
-    left.set_yticks(range(len(rows)), [f"{s['row']}  ÷ {s['over']}" for s in rows])
-    left.set_ylim(len(rows) - 0.5, -0.5)
-    left.set_xlim(0, largest * 1.18)
-    left.set_xlabel("filtx time ÷ the baseline's, same process; lower is better\n"
-                    "bar: geometric mean of the two build orders (blue: target met, orange: not)",
-                    fontsize=FONT - 1)
-    left.set_title("Timed loops, the build order balanced", loc="left")
-    left.grid(True, axis="x", alpha=0.3)
-    left.legend(loc="lower right", fontsize=FONT - 1)
-
-    names = list(first_calls)
-    for i, name in enumerate(names):
-        calls = first_calls[name]
-        first = statistics.median(c["first_s"] for c in calls)
-        compile_ = statistics.median(c["compile_s"] for c in calls)
-        right.barh(i, compile_, color="0.55", height=0.6, label="XLA's compile (median)" if i == 0 else None)
-        right.barh(i, max(first - compile_, 0.0), left=compile_, color="0.8", height=0.6,
-                   label="the rest of the median first call" if i == 0 else None)
-        right.plot([c["first_s"] for c in calls], [i] * len(calls), marker="o", color="tab:blue",
-                   linestyle="none", markersize=5, label="each fresh process" if i == 0 else None)
-        right.text(max([first] + [c["first_s"] for c in calls]) * 1.02, i, f"{first:.2f} s",
-                   va="center", fontsize=FONT - 1)
-    right.set_yticks(range(len(names)), names)
-    right.set_ylim(len(names) - 0.5, -1.6)  # room above the bars for the legend
-    most = max([1.0] + [c["first_s"] for calls in first_calls.values() for c in calls])
-    right.set_xlim(0, most * 1.3)
-    right.set_xlabel("seconds: trace + lower + compile + one step\n(lower is better)", fontsize=FONT - 1)
-    right.set_title("First call of a fresh 100-leaf Adam step", loc="left")
-    right.grid(True, axis="x", alpha=0.3)
-    right.legend(loc="upper right", fontsize=FONT - 1)
-    fig.suptitle(title)
-    return _save(fig, path)

@@ -180,34 +180,19 @@ def train_model(smoke: bool, leaves: int | str | None = None):
     return models.train_mlp(**(TRAIN_SMOKE_MODEL if smoke else {}))
 
 
-def warm_adam_loops(leaves: int, variants: dict) -> tuple[list, dict]:
-    """`(batches, {name: (step, state)})`: the timed Adam loop of `leaves` array
-    leaves for each `variants` name -> variant, compiled (three steps on a copy of
-    the state); for the profile `probes/step_parts.py`."""
-    model = train_model(False, leaves)
-    batches = models.regression_batches(4, TRAIN_BATCH, model.in_size, model.out_size)
-    setups = {name: train_setup(variant, False, leaves, True) for name, variant in variants.items()}
-    for step, state in setups.values():
-        train_loop(step, models.fresh_copy(state), batches, 3)
-    return batches, setups
-
-
 @ft.cache
 def train_setup(variant: str, smoke: bool, leaves: int | str | None = None, adam: bool = False):
     """`(step, state)`: `step(*state, x, y) -> (*state, loss)` is one donating SGD
     (or Adam) step of this variant, `state` its initial (model or parameters,
     optimiser state; for `jax.jit-leaves` the flat list of both). The state must
-    be copied before use: the step donates it. `jax.jit-leaves-build` (for the
-    profiles) is `jax.jit-leaves` that also builds the parameters and optimiser
-    state from the step's outputs every step, with `treedef.unflatten`: the
-    floor of a transformation that returns them, its garbage included."""
+    be copied before use: the step donates it."""
     optim = optax.adam(1e-3) if adam else models.sgd()
     train_step = models.make_train_step(optim)
     model = train_model(smoke, leaves)
     opt_state = optim.init(eqx.filter(model, eqx.is_inexact_array))
     if variant in ("filtx", "eqx", "jax.jit-params"):
         return models.jitted_step(variant, train_step, model, opt_state)
-    if variant in ("jax.jit-leaves", "jax.jit-leaves-build"):
+    if variant == "jax.jit-leaves":
         params, static = eqx.partition(model, eqx.is_array)
         params_step = models.params_step(train_step, static)
         flat, treedef = jax.tree_util.tree_flatten((params, opt_state))
@@ -216,8 +201,7 @@ def train_setup(variant: str, smoke: bool, leaves: int | str | None = None, adam
             params, opt_state, loss = params_step(*treedef.unflatten(flat), x, y)
             return jax.tree_util.tree_leaves((params, opt_state)), loss
 
-        floor = jax.jit(leaves_step, donate_argnums=0)
-        return (floor if variant == "jax.jit-leaves" else models.with_build(floor, treedef)), (flat,)
+        return jax.jit(leaves_step, donate_argnums=0), (flat,)
     raise ValueError(variant)
 
 

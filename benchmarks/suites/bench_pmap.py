@@ -31,8 +31,8 @@ devices.
 
 The steps' variants are built in the order they are prepared (collection
 order, the floor first, or with `FILTX_BENCH_BUILD_ORDER=k` the k-th order of
-a balanced Latin square): `probes/orders.py` runs the groups once per order
-and checks the targets on the balanced figure. Under `--benchmark-disable`
+a balanced Latin square): run once per order, the groups' balanced figure
+is what the targets read (`probes/orders.py` did so until 54f1387). Under `--benchmark-disable`
 each body runs once (a smoke test; the steps on a 4-leaf MLP).
 """
 

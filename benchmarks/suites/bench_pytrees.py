@@ -30,8 +30,8 @@ In one process the variants are built in collection order, the floor first,
 and on CPU a program compiled earlier runs faster than the same program
 compiled later (by up to a fifth at 1000 parameter leaves: the performance
 notes, "The order the variants are built in"), so at 100 and 1000 leaves
-these ratios read high; `probes/orders.py` runs the suite once per build
-order (`FILTX_BENCH_BUILD_ORDER`) and checks the targets on the balanced figure.
+these ratios read high; run once per build order (`FILTX_BENCH_BUILD_ORDER`),
+the balanced figure is what the targets read (`probes/orders.py` did so until 54f1387).
 
 Under `FILTX_BENCH_QUICK=1` (`report.py --quick`): 3 rounds, 10 and 100
 leaves, and a flat dict of 1,000.
