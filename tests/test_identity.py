@@ -248,7 +248,7 @@ def test_array_twice_and_aliases_of_one_value_are_still_donated_once(share):
     assert not warned and not w.is_deleted()
 
 
-def test_same_buffers_in_another_device_order_are_another_value():
+def test_same_buffers_under_another_sharding_are_another_value():
     mesh = mesh_of()
     w = jax.block_until_ready(jax.device_put(jnp.arange(8.0), NamedSharding(mesh, P("d"))))
     square = jax.make_mesh((2, 2), ("a", "b"), axis_types=(AxisType.Explicit,) * 2, devices=jax.devices()[:N])
