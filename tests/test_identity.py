@@ -15,7 +15,6 @@ shape, dtype and sharding, are one value: passed and donated once, as before.
 
 from __future__ import annotations
 
-import threading
 import warnings
 
 import equinox as eqx
@@ -28,30 +27,11 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 import filtx
 import filtx._fastpath.buffers as _buffers
 import filtx._fastpath.reuse as _reuse
+from _helpers import bounded
 
 SHARE = pytest.mark.parametrize("share", [True, False], ids=["share", "no-share"])
 DONATE = pytest.mark.parametrize("donate", ["arrays", "none"])
-CALL_TIMEOUT_S = 120
 N = 4  # devices the sharded cases use
-
-
-def bounded(fn, *args, **kwargs):
-    """`fn(*args, **kwargs)`, blocked on, in a thread: fails instead of hanging."""
-    result = {}
-
-    def target():
-        try:
-            result["value"] = jax.block_until_ready(fn(*args, **kwargs))
-        except BaseException as e:  # re-raised in the calling thread
-            result["error"] = e
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(CALL_TIMEOUT_S)
-    assert not thread.is_alive(), f"the call did not return within {CALL_TIMEOUT_S} s"
-    if "error" in result:
-        raise result["error"]
-    return result["value"]
 
 
 def calling(fn, *args, **kwargs):
