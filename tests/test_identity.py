@@ -159,11 +159,7 @@ def sizes_step(w, x, y):
 
 @SHARE
 @DONATE
-def test_array_made_from_shards_gives_jax_jit_result_first_and_fed_back(share, donate, monkeypatch):
-    monkeypatch.setattr(_reuse, "MIN_LEAVES", 1)  # the step's outputs recorded: fed back by record
-    fed_back = []
-    real = _buffers.fed_back_keys
-    monkeypatch.setattr(_buffers, "fed_back_keys", lambda *a: fed_back.append(1) or real(*a))
+def test_array_made_from_shards_gives_jax_jit_result_first_and_fed_back(share, donate, fed_back):
     mesh = mesh_of()
     step = filtx.filter_jit(sizes_step, donate=donate, share=share)
     w, y = tiled(mesh), jnp.arange(3.0) + 0
@@ -258,40 +254,58 @@ def test_arrays_sharing_some_buffers_are_refused_by_both_paths_before_anything_i
 # filter_pmap and filter_shard_map, with their own devices inside another mesh
 
 
+@pytest.fixture
+def fed_back(monkeypatch):
+    """A list that grows on every use of the fed-back keys; models recorded
+    whatever their size, so that an output fed back is keyed as one."""
+    monkeypatch.setattr(_reuse, "MIN_LEAVES", 1)
+    used = []
+    real = _buffers.fed_back_keys
+    monkeypatch.setattr(_buffers, "fed_back_keys", lambda *a: used.append(1) or real(*a))
+    return used
+
+
 @SHARE
 @DONATE
-def test_pmap_keeps_an_array_made_from_shards_apart(share, donate):
+def test_pmap_keeps_an_array_made_from_shards_apart(share, donate, fed_back):
     mesh = mesh_of()
-    rows = jax.block_until_ready(jax.device_put(jnp.ones((N, 2)) * 3, NamedSharding(mesh, P("d"))))
-    f = lambda a, b: (a * 2, b.shape[0] * 100 + jnp.sum(b) + 0 * a)  # noqa: E731
+    rows = jax.device_put(jnp.ones((N, 2)) * 3, NamedSharding(mesh, P("d")))
+    model = Pair(rows, jax.device_put(jnp.arange(N * 3.0).reshape(N, 3), NamedSharding(mesh, P("d"))))
+    f = lambda m, b: (Pair(m.w * 2, m.v + 1), b.shape[0] * 100 + jnp.sum(b) + 0 * m.w)  # noqa: E731
     step = filtx.filter_pmap(f, in_axes=(0, None), donate=donate, share=share, devices=jax.devices()[:N])
     with jax.set_mesh(mesh_of(devices=jax.devices()[N:])):
         for _ in range(3):
-            shards = [s.data for s in rows.addressable_shards]
+            shards = [s.data for s in model.w.addressable_shards]
             one = jax.make_array_from_single_device_arrays((1, 2), NamedSharding(mesh, P()), shards)
-            out, warned = calling(step, rows, one)
-            np.testing.assert_allclose(np.asarray(out[0]), np.asarray(rows) * 2)
-            np.testing.assert_allclose(np.asarray(out[1]), 100 + float(np.sum(np.asarray(one))))
+            expected = (np.asarray(model.w) * 2, np.asarray(model.v) + 1, 100 + float(np.sum(np.asarray(one))))
+            out, warned = calling(step, model, one)
+            np.testing.assert_allclose(np.asarray(out[0].w), expected[0])
+            np.testing.assert_allclose(np.asarray(out[0].v), expected[1])
+            np.testing.assert_allclose(np.asarray(out[1]), expected[2])  # (1, 2) seen as (1, 2)
             assert bool(warned) == (donate == "arrays")
-            assert not rows.is_deleted() and not one.is_deleted()
-            rows = out[0]  # fed back
+            assert not model.w.is_deleted() and not one.is_deleted()
+            assert model.v.is_deleted() == (donate == "arrays")  # only the two over one buffer are kept
+            model = out[0]  # fed back
+    assert bool(fed_back) == (donate == "arrays")
 
 
 @SHARE
-def test_shard_map_keeps_an_array_made_from_shards_apart(share):
+def test_shard_map_keeps_an_array_made_from_shards_apart(share, fed_back):
     mesh = mesh_of()
-    f = lambda a, b: (a * 2, b + 1)  # noqa: E731
+    f = lambda m, b: (Pair(m.w * 2, m.v + 1), b + 1)  # noqa: E731
     step = filtx.filter_shard_map(
         f, mesh=mesh, in_specs=(P("d"), P()), out_specs=(P("d"), P()), specs=(filtx.donate, filtx.donate), share=share
     )
-    w = tiled(mesh, 1.0)
+    model = Pair(tiled(mesh, 1.0), jax.device_put(jnp.arange(8.0), NamedSharding(mesh, P("d"))))
     with jax.set_mesh(mesh_of(devices=jax.devices()[N:])):
         for _ in range(3):
-            x = replicated_from(w)
-            out, warned = calling(step, w, x)
-            assert out[0].shape == (8,) and out[1].shape == (2,)
-            np.testing.assert_allclose(np.asarray(out[0]), np.asarray(w) * 2)
-            np.testing.assert_allclose(np.asarray(out[1]), np.asarray(x) + 1)
-            assert len(warned) == 1 and "args[0] (float32[8]) and args[1] (float32[2])" in warned[0]
-            assert not w.is_deleted() and not x.is_deleted()
-            w = out[0]
+            x = replicated_from(model.w)
+            expected = (np.asarray(model.w) * 2, np.asarray(model.v) + 1, np.asarray(x) + 1)
+            out, warned = calling(step, model, x)
+            assert out[0].w.shape == (8,) and out[1].shape == (2,)
+            for got, want in zip((out[0].w, out[0].v, out[1]), expected):
+                np.testing.assert_allclose(np.asarray(got), want)
+            assert len(warned) == 1 and "args[0].w (float32[8]) and args[1] (float32[2])" in warned[0]
+            assert not model.w.is_deleted() and not x.is_deleted()
+            model = out[0]  # fed back
+    assert fed_back
