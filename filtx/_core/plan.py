@@ -142,7 +142,6 @@ class Plan:
             )
         return self._undonated
 
-
     def kept_at(self, positions) -> "Plan":
         """This plan with the donated leaves at these dynamic positions traced
         and kept instead: for a call where they stand on buffers another
