@@ -76,7 +76,7 @@ from ._base.arrays import is_array
 from ._base.jax_compat import exclude_from_tracebacks as _exclude_from_tracebacks
 from ._fastpath.reuse import reuse_outputs
 from ._core.caches import clear_caches
-from ._core.donation import UnusableDonationWarning
+from ._core.donation import AliasedBuffersWarning, UnusableDonationWarning
 from ._core.eqx_errors import block_until_ready
 from ._core.mutation import MutatedArgumentWarning
 from ._core.reductions import InvariantReductionWarning
@@ -153,6 +153,7 @@ __all__ = [
     "DonationReport",
     "DonationRow",
     "UnusableDonationWarning",
+    "AliasedBuffersWarning",
     "compare_donation",
     "DonationComparison",
     "ModeRow",

@@ -2,6 +2,7 @@
 
 import functools
 import os
+import threading
 
 from hypothesis import HealthCheck, Phase, settings
 
@@ -182,3 +183,27 @@ class FakeAllocator:
         if self.limit is not None:
             stats["bytes_limit"] = self.limit
         return stats
+
+
+CALL_TIMEOUT_S = 120  # a donating call that has not returned by then hangs
+
+
+def bounded(fn, *args, **kwargs):
+    """`fn(*args, **kwargs)`, blocked on; fails instead of hanging the suite."""
+    import jax
+
+    result = {}
+
+    def target():
+        try:
+            result["value"] = jax.block_until_ready(fn(*args, **kwargs))
+        except BaseException as e:  # re-raised in the calling thread
+            result["error"] = e
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(CALL_TIMEOUT_S)
+    assert not thread.is_alive(), f"the call did not return within {CALL_TIMEOUT_S} s"
+    if "error" in result:
+        raise result["error"]
+    return result["value"]

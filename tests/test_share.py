@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import importlib.util
 import pathlib
-import threading
 
 import equinox as eqx
 import jax
@@ -22,11 +21,10 @@ import optax
 import pytest
 
 import filtx
-from _helpers import counting, host_values
+from _helpers import bounded, counting, host_values
 
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-CALL_TIMEOUT_S = 120  # a donating call that has not returned by then hangs
 
 
 # ---------------------------------------------------------------------------
@@ -36,26 +34,6 @@ CALL_TIMEOUT_S = 120  # a donating call that has not returned by then hangs
 def fresh(k: float = 0.0, n: int = 4) -> jax.Array:
     """A new array, in its own buffer, ready on the device."""
     return jax.block_until_ready(jnp.arange(n, dtype=jnp.float32) + k)
-
-
-
-def bounded(fn, *args, **kwargs):
-    """`fn(*args, **kwargs)`, blocked on; fails instead of hanging the suite."""
-    result = {}
-
-    def target():
-        try:
-            result["value"] = jax.block_until_ready(fn(*args, **kwargs))
-        except BaseException as e:  # re-raised in the calling thread
-            result["error"] = e
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(CALL_TIMEOUT_S)
-    assert not thread.is_alive(), f"the call did not return within {CALL_TIMEOUT_S} s"
-    if "error" in result:
-        raise result["error"]
-    return result["value"]
 
 
 def host(tree):

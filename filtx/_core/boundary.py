@@ -27,7 +27,7 @@ from .errors import (
     partial_aliasing_error,
     unhashable_static_error,
 )
-from .donation import check_donations, out_avals_of
+from .donation import check_donations, out_avals_of, warn_aliased_buffers
 from .entry import Entry
 from .eqx_errors import MARKER, note_trace
 from .explain import CallSignature, explain_new_avals, explain_new_entry, explaining
@@ -144,9 +144,14 @@ class Boundary:
             pattern = _share.shared_pattern(list(map(id, dynamic)), plan.axes)
         return _new_split(Split, (plan, statics, dynamic, pattern, (fun, args, kwargs), True, reused, None))
 
-    def _donation_split(self, plan: Plan, statics: tuple, dynamic: list, root: tuple, reused=None) -> Split:
+    def _donation_split(
+        self, plan: Plan, statics: tuple, dynamic: list, root: tuple, reused=None, warn: bool = True,
+    ) -> Split:
         """A donated buffer standing at several positions (as one object, or as
-        several array objects over the same buffers) is passed and donated once.
+        several array objects over the same buffers with the same shape, dtype
+        and sharding) is passed and donated once; arrays over one buffer with
+        other shapes are passed apart, none of them donated (`warn`: with an
+        `AliasedBuffersWarning` naming their paths).
         Deleted arrays are refused here: on several devices, XLA's runtime can
         crash on one instead of raising. Leaves taken from the records of one
         call's outputs (`reused`) are known apart without reading their shards."""
@@ -163,10 +168,12 @@ class Boundary:
         if keys is None:  # a tracer among the leaves: traced by another transformation
             plan = plan.undonated()
             pattern = _share.shared_pattern(list(map(id, dynamic)), plan.axes) if self.share else None
-        elif self.share:
-            pattern = _share.shared_pattern(keys, plan.axes)
         else:
-            pattern = _share.donation_pattern(keys, plan.donate_mask)
+            pattern, clashes = _share.donating_pattern(keys, dynamic, plan.donate_mask, self.share, plan.axes)
+            if clashes:  # one buffer under other shapes, one of them donated: none of them is
+                plan = plan.kept_at([i for group in clashes for i in group])
+                if warn:
+                    warn_aliased_buffers(root, plan, dynamic, clashes)
         return _new_split(Split, (plan, statics, dynamic, pattern, root, True, reused, beside))
 
     def _reused_leaves(self, fun, args: tuple, kwargs: dict, reused: tuple) -> tuple:
@@ -218,7 +225,7 @@ class Boundary:
                 raise unhashable_static_error(split.root, plan.static_mask) from None
             entry = build(split)
         dynamic = split.dynamic if entry.take is None else list(entry.take(split.dynamic))
-        if self.layouts and not kwargs:
+        if self.layouts and not kwargs and plan.kept_from is None:  # (a call keeping aliased buffers: never laid out)
             if plan is self.last_plan and (
                 layout is None or layout.plan is not plan or layout.entry is not entry or layout.due()
             ):
@@ -267,7 +274,7 @@ class Boundary:
         if len(set(map(id, dynamic))) != len(dynamic):
             return None
         found = self.records.items and slotted(self.records, root[1])
-        split = self._donation_split(plan, statics, dynamic, root, found[1] if found else None)
+        split = self._donation_split(plan, statics, dynamic, root, found[1] if found else None, warn=False)
         return split if split.pattern is None and split.plan is plan else None
 
     def _explain(self, split: Split) -> None:

@@ -11,6 +11,8 @@ warning is hidden while such a call compiles.
 from __future__ import annotations
 
 import collections
+import os
+import sys
 import threading
 import warnings
 from typing import Any
@@ -18,9 +20,10 @@ from typing import Any
 import jax
 
 from .._base.jax_compat import UNUSABLE_DONATION_WARNING
+from .errors import dynamic_paths
 from .roles import is_ref
 
-__all__ = ["UnusableDonationWarning"]
+__all__ = ["UnusableDonationWarning", "AliasedBuffersWarning"]
 
 
 class UnusableDonationWarning(UserWarning):
@@ -43,6 +46,78 @@ class UnusableDonationWarning(UserWarning):
         assert "args[1] (float32[5])" in str(warning.message)
         ```
     """
+
+
+class AliasedBuffersWarning(UserWarning):
+    """The warning a donating call gives where arguments stand on the same
+    device buffers with other shapes, dtypes or shardings (a NumPy view put on
+    a CPU device without a copy; an array made by
+    `jax.make_array_from_single_device_arrays` from another's shards), and one
+    of them is donated. They are different values, so they are never passed as
+    one; donating one would delete the other's memory (and `jax.jit`, asked to,
+    can crash the process). So none of them is donated in that call: the call
+    gives `jax.jit`'s result without donation, and the warning names their
+    paths. To make it an error:
+    `warnings.simplefilter("error", filtx.AliasedBuffersWarning)`.
+
+    !!! example
+
+        ```python
+        import warnings
+        import numpy as np
+        import jax
+        import filtx
+
+        data = np.zeros(64, np.float32)
+        rows = data[(-data.ctypes.data % 64) // 4:][:32].reshape(8, 4)  # 64-byte aligned
+        batch = jax.device_put(rows, jax.devices()[0])
+        head = jax.device_put(rows[:2], jax.devices()[0])  # on CPU: no copy, one buffer
+        step = filtx.filter_jit(lambda a, b: (a + 1, b * 2), donate="arrays", share=True)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = step(batch, head)
+        assert [o.shape for o in out] == [(8, 4), (2, 4)]  # what jax.jit gives
+        if head.unsafe_buffer_pointer() == batch.unsafe_buffer_pointer():
+            (warning,) = [w for w in caught if w.category is filtx.AliasedBuffersWarning]
+            assert "args[0] (float32[8,4]) and args[1] (float32[2,4])" in str(warning.message)
+            assert not batch.is_deleted() and not head.is_deleted()
+        ```
+    """
+
+
+def warn_aliased_buffers(root: Any, plan, dynamic: list, clashes: list) -> None:
+    """Warn, naming their paths, of the groups of positions in `clashes` (dynamic
+    positions over one buffer with other shapes, dtypes or shardings) kept
+    undonated in this call."""
+    paths = dynamic_paths(root, plan)
+    groups = [[(paths[i], jax.typeof(dynamic[i])) for i in group] for group in clashes]
+    warnings.warn(aliased_buffers_message(groups), AliasedBuffersWarning, stacklevel=_outside_filtx())
+
+
+def _outside_filtx() -> int:
+    """The `stacklevel` of the first frame outside filtx, for the caller of
+    `_outside_filtx`: a warning shows the user's line (the call) whatever the
+    path through filtx's modules."""
+    frame, level = sys._getframe(2), 2
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def aliased_buffers_message(groups: list) -> str:
+    """The warning's text: `groups` of `(path, aval)` over one buffer each."""
+    listed = "; ".join(" and ".join(f"{p} ({describe_aval(a)})" for p, a in group) for group in groups)
+    return (
+        f"{listed} stand on the same device buffers with another shape, dtype or sharding "
+        f"(a NumPy view put on a device without a copy, or an array made from another's "
+        f"shards). They are different values, so they are passed apart, and none of them "
+        f"is donated in this call: donating one would delete the other's memory. To donate, "
+        f"pass a copy of one (`jnp.copy`), or mark it filtx.traced in specs=. To make this "
+        f"an error: warnings.simplefilter('error', filtx.AliasedBuffersWarning)."
+    )
 
 
 def reuse(in_avals: list, donated: list, out_avals: list) -> dict[int, int | None]:

@@ -33,7 +33,7 @@ class Plan:
     __slots__ = (
         "treedef", "rules", "with_axes", "canonical", "entries", "deferred", "variants",
         "static_mask", "dynamic_mask", "roles", "donate_mask", "kept_mask", "any_donated",
-        "axes", "merge", "lock", "static_types", "_undonated", "aliased", "repeats", "candidates", "donated", "static_prefix",
+        "axes", "merge", "lock", "static_types", "_undonated", "_kept", "kept_from", "aliased", "repeats", "candidates", "donated", "static_prefix",
         "__weakref__",
     )
 
@@ -41,6 +41,8 @@ class Plan:
         self.treedef = treedef
         self.static_types = static_types
         self._undonated = None
+        self._kept: dict = {}
+        self.kept_from: Plan | None = None  # the plan this one keeps some donated leaves of (see `kept_at`)
         self.aliased = False  # a call of this plan donated aliased buffers: check them before each call
         self.repeats = False  # a call of this plan donated one object twice: check leaves by identity
         self.candidates: tuple = passed_candidates(treedef)  # arguments that may be recorded when passed (see _fastpath.reuse)
@@ -139,6 +141,24 @@ class Plan:
                 self.canonical, self.treedef, rules, self.static_types, self.with_axes, self.lock
             )
         return self._undonated
+
+    def kept_at(self, positions) -> "Plan":
+        """This plan with the donated leaves at these dynamic positions traced
+        and kept instead: for a call where they stand on buffers another
+        position holds with another shape, dtype or sharding (see
+        `_core.share.donating_pattern`). Its own plan, not a canonical one
+        (`kept_from` says whose): such a call is never laid out, and the calls
+        of the plan's own leaves donate them again."""
+        key = frozenset(positions)
+        plan = self._kept.get(key)
+        if plan is None:
+            dynamic_at = [i for i, role in enumerate(self.rules) if role[0] is not static]
+            kept = {dynamic_at[i] for i in key}
+            rules = [(traced, axis) if i in kept and role is donate else (role, axis) for i, (role, axis) in enumerate(self.rules)]
+            plan = Plan(self.treedef, rules, self.with_axes, self.canonical, self.static_types)
+            plan.kept_from = self
+            plan = insert_bounded(self._kept, key, plan, MAX_PLANS, self.lock)
+        return plan
 
 
 def static_types_of(types: tuple, rules: list) -> tuple:

@@ -14,6 +14,7 @@ from typing import Any
 import jax
 
 from .._base.indexing import first_positions, getter
+from .._fastpath.buffers import value_keys
 from .roles import is_array
 
 __all__ = ["unshare", "reshare", "SharingPattern"]
@@ -47,6 +48,32 @@ def donation_pattern(keys: list, donate_mask: tuple) -> tuple | None:
 
 
 _DISTINCT = object()
+
+
+def donating_pattern(
+    keys: list, values: list, donate_mask: tuple, share: bool, axes: tuple | None,
+) -> tuple[tuple | None, list]:
+    """`(pattern, clashes)` for a donating call from its buffer keys: equal keys
+    merged with `share=True` (`shared_pattern`), else where donated
+    (`donation_pattern`). Two positions are one value only when their buffers,
+    shape, dtype and sharding all agree (`_fastpath.buffers.value_keys`, run only
+    where keys meet): other arrays over one buffer are never merged.
+
+    `clashes`: the groups of positions over one buffer with other shapes,
+    dtypes or shardings of which one is donated. Donating one of them would
+    delete the others' memory (and JAX's runtime may crash on it), so none of
+    them is donated: the pattern is made as if they were kept, and the caller
+    keeps them (`Plan.kept_at`)."""
+    if len(set(keys)) == len(keys):
+        return None, []
+    keys, clashes = value_keys(keys, values)
+    clashes = [group for group in clashes if any(donate_mask[i] for i in group)]
+    if clashes:
+        kept = {i for group in clashes for i in group}
+        donate_mask = tuple(d and i not in kept for i, d in enumerate(donate_mask))
+    if share:
+        return shared_pattern(keys, axes), clashes
+    return donation_pattern(keys, donate_mask), clashes
 
 
 def unique_donation(pattern: tuple, donate_mask: tuple) -> list[bool]:

@@ -1,6 +1,8 @@
 """Which device buffers values stand on, for donation: distinct `jax.Array`
 objects over one buffer get equal keys (`buffer_keys`), so a buffer donated at
 several positions is passed and donated once (see `_core.share.donation_pattern`);
+where keys meet, the values behind them told apart by shape, dtype and sharding
+(`value_keys`: one buffer seen with two shapes is two values, never merged);
 whether a call's donated buffers stand on one device each, where JAX's runtime
 refuses aliased donations itself; deleted arrays; JAX's refusal of an aliased
 donation.
@@ -285,6 +287,44 @@ def _shard_bytes(x) -> int | None:
 
 
 _SHARD_BYTES: dict = {}
+
+
+def value_keys(keys: list, values: list) -> tuple[list, list]:
+    """`(keys, clashes)` for buffer keys of which some are equal (the caller
+    checks that first: a call whose keys all differ pays nothing here).
+
+    Equal buffer keys make one value only where the arrays also agree in
+    abstract value (shape, dtype, weak type) and sharding: a NumPy view put on
+    a CPU device without a copy starts at its base's address, and an array made
+    by `jax.make_array_from_single_device_arrays` from another's shards stands
+    on its buffers with another shape. Where keys meet, each value's key is
+    `(buffer key, abstract value, sharding)`, so such arrays stay apart;
+    `clashes` lists, per buffer key held by values that differ, their
+    positions (donating any of them would delete the others' memory)."""
+    at: dict = {}
+    for i, key in enumerate(keys):
+        at.setdefault(key, []).append(i)
+    keys = list(keys)
+    clashes = []
+    for key, positions in at.items():
+        if len(positions) < 2:
+            continue
+        seen = {}
+        for i in positions:
+            value = _value_of(values[i])
+            keys[i] = (key, *value)
+            seen.setdefault(value, i)
+        if len(seen) > 1:
+            clashes.append(positions)
+    return keys, clashes
+
+
+def _value_of(x) -> tuple:
+    """What makes `x` the value it is, beside its buffers."""
+    try:
+        return x.aval, x.sharding
+    except AttributeError:  # not a jax.Array (a NumPy array: keyed by its id)
+        return type(x), getattr(x, "shape", None), getattr(x, "dtype", None)
 
 
 def _check_partial_aliasing(keys: list) -> None:
