@@ -150,7 +150,7 @@ def test_unknown_section_is_refused(capsys):
     assert "invalid choice: 'nonexistent'" in capsys.readouterr().err
 
 
-def test_data_parallel_section_trains_across_devices_traced_once():
+def test_data_parallel_section_trains_one_copy_across_devices_traced_once():
     run = run_demo("--section", "data_parallel", "--quick")
     assert run.returncode == 0, run.stderr
     out = run.stdout
@@ -164,6 +164,15 @@ def test_data_parallel_section_trains_across_devices_traced_once():
     assert devices == (8 if "XLA_FLAGS" not in os.environ else devices), out
     assert float(re.search(r"time/step: (\S+) ms", out).group(1)) > 0
     assert "keeps its activation (tanh): yes" in out, out
+    # One copy of the model (in_axes/out_axes None), not one per device on a
+    # leading axis, and the devices' copies of it equal.
+    assert f"one copy: its first weight is (64, 16), on {devices} devices" in out, out
+    assert re.search(r"differ by at most 0$", out, re.MULTILINE), out
+    # The same step without its gradient pmean is refused, by the path.
+    assert (
+        "without its gradient pmean: refused at the call (ValueError): "
+        "out_axes is None for output out[0].layers[0].weight" in out
+    ), out
     assert "donation" not in out  # only the section asked for
 
 

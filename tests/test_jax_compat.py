@@ -29,6 +29,7 @@ from filtx._base.jax_compat import (
     get_concrete_mesh,
     is_committed,
     names_out_axes,
+    ref_buffer,
     refused_aliasing,
     shards_of,
     top_level,
@@ -204,3 +205,19 @@ def test_an_executables_argument_avals_say_which_are_refs():
         warnings.simplefilter("always")
         jax.jit(lambda x, y: x + y.sum(), donate_argnums=(1,))(jnp.ones(3), jnp.ones(7)).block_until_ready()
     assert any(str(w.message).startswith(ANY_UNUSABLE_DONATION) for w in caught)
+
+
+def test_ref_buffer_is_the_array_a_ref_holds_after_a_call_wrote_it():
+    ref = jax.new_ref(jnp.arange(4.0))
+
+    @jax.jit
+    def add_one(r):
+        r[...] += 1
+
+    add_one(ref)
+    held = ref_buffer(ref)
+    assert isinstance(held, jax.Array)
+    assert (held == jnp.arange(1.0, 5.0)).all() and (held == ref[...]).all()
+    # The buffer itself, not a read of the Ref (a new program each time): where
+    # this fails, the JAX moved `ref._refs._buf` and filtx reads the Ref instead.
+    assert ref_buffer(ref) is held

@@ -28,6 +28,7 @@ __all__ = [
     "shards_of",
     "committed",
     "is_committed",
+    "ref_buffer",
     "exclude_from_tracebacks",
     "register_abstract_value",
     "clear_runtime_tokens",
@@ -97,6 +98,21 @@ committed = attrgetter("_committed")
 def is_committed(x: Any) -> bool:
     """Whether `x` is an array committed to its devices (False for anything else)."""
     return getattr(x, "_committed", False)
+
+
+def ref_buffer(ref: Any) -> jax.Array:
+    """The array a `jax.Ref` holds now, without running a program: after a call
+    that wrote the Ref, that call's output, defined when the call ends.
+
+    JAX 0.7.2 to 0.12.1 (checked: 0.7.2, 0.10.2, 0.12.1) keep it as the private
+    `ref._refs._buf`, which this returns as it is. A JAX without that attribute
+    gets a read of the Ref (`ref[...]`): the same value, but a new array made by
+    a program that runs after the call.
+    """
+    try:
+        return ref._refs._buf
+    except AttributeError:  # pragma: no cover - a JAX that moved it
+        return ref[...]
 
 
 def exclude_from_tracebacks(path: str) -> None:

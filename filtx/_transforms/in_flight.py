@@ -108,6 +108,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._base.arrays import is_ref
+from .._base.jax_compat import ref_buffer
 
 __all__ = ["InFlight", "InFlightWarning", "check_max_in_flight", "in_flight_of"]
 
@@ -288,15 +289,9 @@ def _made_by_the_call(arrays: list, dynamic: list) -> Any:
     return refs if refs else _NOTHING
 
 
-def _ref_buffer(ref: Any) -> jax.Array:
-    """The array a `jax.Ref` holds now: after a call that wrote it, an output of
-    that call, defined when the call ends (JAX 0.7.2 to 0.10.2 keep it as
-    `ref._refs._buf`; elsewhere a read of the Ref, a program that runs after
-    the call)."""
-    try:
-        return ref._refs._buf
-    except AttributeError:
-        return ref[...]
+# The array a `jax.Ref` holds now: after a call that wrote it, an output of that
+# call, defined when the call ends (a private JAX attribute: `jax_compat`).
+_ref_buffer = ref_buffer
 
 
 _RECORDS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()

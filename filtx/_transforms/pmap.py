@@ -335,14 +335,15 @@ def filter_pmap(
 
         n = jax.local_device_count()
 
-        @filtx.filter_pmap(axis_name="d", out_axes=(filtx.if_array(0), None))
+        # One copy of params in and out (checked the same on every device), x split.
+        @filtx.filter_pmap(axis_name="d", in_axes={"params": None}, out_axes=None)
         def step(params, x):
             grad = jax.lax.pmean(x * params["w"], "d")
             return {"w": params["w"] - 0.1 * grad}, jax.lax.pmean(jnp.sum(x), "d")
 
-        params = {"w": jnp.ones((n, 3))}
+        params = {"w": jnp.ones(3)}
         params, total = step(params, jnp.ones((n, 3)))
-        assert params["w"].shape == (n, 3) and total.shape == ()
+        assert params["w"].shape == (3,) and total.shape == ()
         ```
     """
     options = PmapOptions(

@@ -12,7 +12,9 @@ Sections, one module each:
   process of its own; time per step, peak memory and final loss side by side.
 - `data_parallel` (`filtx.demo.data_parallel`): `filtx.filter_pmap` trains a
   whole Equinox model with Optax on every local device (eight virtual ones on
-  a CPU), tracing the step once.
+  a CPU), one copy of the model and optimiser state as `docs/data-parallel.md`
+  says, tracing the step once; the same step without its gradient `pmean` is
+  refused at the call.
 
 The rest: `filtx.demo.cli` (arguments, the worker protocol) and
 `filtx.demo.measure` (peak memory and worker subprocesses, shared with the

@@ -1,10 +1,14 @@
 """Section `data_parallel`: `filtx.filter_pmap` trains a whole Equinox model
 with Optax on every local device.
 
-The model and the Adam state are replicated on a leading device axis; each
-step takes a batch split across the devices, averages the gradients with
-`jax.lax.pmean`, and returns the whole updated model, activation function
-included. The step is traced once. On a CPU the worker gets eight virtual
+The recipe of `docs/data-parallel.md`: ONE copy of the model and of the Adam
+state, given to every device (`in_axes` `None`) and returned once (`out_axes`
+`None`); each step takes a batch split across the devices on a leading axis,
+averages the gradients with `jax.lax.pmean`, and returns the whole updated
+model, activation function included. The step is traced once. filtx checks in
+the trace that what comes back with `out_axes=None` is the same on every
+device: the same step without its gradient `pmean` is refused at the call, by
+the paths of the model's arrays, and the section shows that refusal. On a CPU the worker gets eight virtual
 devices (`--xla_force_host_platform_device_count=8`) unless the caller set
 `XLA_FLAGS` already.
 """
@@ -66,20 +70,6 @@ def config_for(quick: bool) -> DataParallelConfig:
 #
 
 
-def replicate(tree, n_devices: int):
-    """Every array becomes a NumPy array with a leading device axis of size
-    `n_devices`; the rest stays. filter_pmap shards NumPy arrays on the host
-    (device-resident ones would cost a small compilation per shape)."""
-    return jax.tree_util.tree_map(
-        lambda x: (
-            np.broadcast_to(np.asarray(x), (n_devices, *x.shape))
-            if eqx.is_array(x)
-            else x
-        ),
-        tree,
-    )
-
-
 def initial_model(config: DataParallelConfig, activation, rng: np.random.Generator):
     """An `eqx.nn.MLP` initialised in NumPy as Equinox would (uniform in
     +-1/sqrt(fan in)): on a busy 2-core machine XLA takes seconds to compile
@@ -121,6 +111,40 @@ def make_batches(config: DataParallelConfig, n_devices: int, rng: np.random.Gene
     return [(batch, np.tanh(batch @ teacher)) for batch in inputs]
 
 
+def make_step(optimiser, average_gradients: bool = True, on_trace=lambda: None):
+    """The docs' `filter_pmap` step: one copy of the model and optimiser state
+    in and out (`None`), the batch split on its leading device axis. With
+    `average_gradients=False`, the step that forgot its gradient `pmean`."""
+
+    @filtx.filter_pmap(
+        axis_name="devices",
+        donate="arrays",  # every batch is a fresh copy of a NumPy one
+        in_axes={"model": None, "opt_state": None},  # one copy, given to every device
+        out_axes=None,  # one copy back, checked to be the same on every device
+    )
+    def step(model, opt_state, batch):
+        on_trace()  # a Python side effect: runs only while tracing
+        loss, grads = eqx.filter_value_and_grad(mean_squared_error)(model, *batch)
+        if average_gradients:
+            grads = jax.lax.pmean(grads, axis_name="devices")
+        loss = jax.lax.pmean(loss, axis_name="devices")
+        updates, opt_state = optimiser.update(
+            grads, opt_state, eqx.filter(model, eqx.is_array)
+        )
+        return eqx.apply_updates(model, updates), opt_state, loss
+
+    return step
+
+
+def largest_difference_between_copies(tree) -> float:
+    """The largest difference between the devices' copies of `tree`'s arrays."""
+    return max(
+        float(np.max(np.abs(np.asarray(shard.data) - np.asarray(leaf.addressable_shards[0].data))))
+        for leaf in jax.tree_util.tree_leaves(eqx.filter(tree, eqx.is_array))
+        for shard in leaf.addressable_shards
+    )
+
+
 def worker(mode: str, quick: bool) -> dict:
     if mode not in MODES:
         raise ValueError(f"unknown data_parallel mode {mode!r}; expected one of {MODES}")
@@ -130,31 +154,16 @@ def worker(mode: str, quick: bool) -> dict:
     optimiser = optax.adam(config.learning_rate)
     rng = np.random.default_rng(0)
 
+    # One copy of each, in NumPy: the first call places it on every device.
     model = initial_model(config, activation, rng)
     # Adam's state starts at zeros (moments and step count).
     opt_state = jax.tree_util.tree_map(
         lambda leaf: np.zeros(leaf.shape, leaf.dtype),
         jax.eval_shape(optimiser.init, eqx.filter(model, eqx.is_array)),
     )
-    model, opt_state = replicate((model, opt_state), n_devices)
     batches = make_batches(config, n_devices, rng)
-    traces = 0
-
-    @filtx.filter_pmap(
-        axis_name="devices",
-        donate="arrays",
-        out_axes=(filtx.if_array(0), filtx.if_array(0), None),
-    )
-    def step(model, opt_state, batch):
-        nonlocal traces
-        traces += 1  # Python side effect: runs only while tracing
-        loss, grads = eqx.filter_value_and_grad(mean_squared_error)(model, *batch)
-        grads = jax.lax.pmean(grads, axis_name="devices")
-        loss = jax.lax.pmean(loss, axis_name="devices")
-        updates, opt_state = optimiser.update(
-            grads, opt_state, eqx.filter(model, eqx.is_array)
-        )
-        return eqx.apply_updates(model, updates), opt_state, loss
+    traces = []
+    step = make_step(optimiser, on_trace=lambda: traces.append(None))
 
     steps_taken = 0
     losses = []
@@ -175,7 +184,7 @@ def worker(mode: str, quick: bool) -> dict:
     jax.block_until_ready((model, opt_state, loss))
     seconds = time.perf_counter() - start
 
-    return {
+    result = {
         "mode": mode,
         "backend": jax.default_backend(),
         "devices": n_devices,
@@ -185,11 +194,23 @@ def worker(mode: str, quick: bool) -> dict:
         "first_loss": float(losses[0]),
         "final_loss": float(losses[-1]),
         "loss_shape": list(np.shape(loss)),
-        "traces": traces,
-        "leading_axis": int(model.layers[0].weight.shape[0]),
+        "traces": len(traces),
+        "weight_shape": list(model.layers[0].weight.shape),
+        "weight_devices": len(model.layers[0].weight.sharding.device_set),
+        "largest_difference": largest_difference_between_copies((model, opt_state)),
         "keeps_activation": model.activation is activation,
         "activation": getattr(activation, "__name__", repr(activation)),
     }
+
+    # The same step without its gradient pmean: refused in the trace, before
+    # anything runs or is donated, by the paths of the copies that would differ.
+    try:
+        make_step(optimiser, average_gradients=False)(model, opt_state, batches[0])
+        result["forgotten_pmean_refusal"] = None
+    except ValueError as error:
+        result["forgotten_pmean_refusal"] = str(error)
+
+    return result
 
 
 #
@@ -205,7 +226,7 @@ def run(quick: bool, timeout: float) -> None:
     print(
         f"== data_parallel: filter_pmap trains an eqx.nn.MLP (width {config.width}, "
         f"depth {config.depth}) with optax.adam, {config.timed_steps} timed steps, "
-        "model and optimiser state replicated on every local device ==",
+        "one copy of model and optimiser state (in_axes/out_axes None) ==",
         flush=True,
     )
     result = cli.run_worker("data_parallel", "adam", quick, timeout, env=env)
@@ -222,6 +243,13 @@ def run(quick: bool, timeout: float) -> None:
     keeps = "yes" if result["keeps_activation"] else "NO"
     print(
         f"returned model keeps its activation ({result['activation']}): {keeps}; "
-        f"its arrays have a leading device axis of {result['leading_axis']}",
+        f"one copy: its first weight is {tuple(result['weight_shape'])}, on "
+        f"{result['weight_devices']} devices, whose copies of the model and Adam "
+        f"state differ by at most {result['largest_difference']:.3g}"
+    )
+    refusal = result["forgotten_pmean_refusal"]
+    print(
+        "the same step without its gradient pmean: "
+        + (f"refused at the call (ValueError): {refusal.split(', ')[0]}, ..." if refusal else "NOT refused"),
         flush=True,
     )
