@@ -263,6 +263,16 @@ def test_a_model_left_mapped_is_told_to_take_in_axes_none():
     assert "args[1][0].count" in message and "give its argument None in in_axes" in message
 
 
+def test_a_leaf_mapped_over_another_count_than_the_devices_is_told_in_axes_none_not_to_stack():
+    n = jax.local_device_count()
+    model = {"w": jnp.ones((2 * n, 2))}  # one copy whose first axis the default in_axes maps
+    with pytest.raises(ValueError) as caught:
+        filtx.filter_pmap(lambda m, x: x.sum(), axis_name="devices")(model, jnp.ones((2 * n, 3)))
+    message = short(caught.value)
+    assert "args[0]['w']" in message and f"{n} local device(s)" in message
+    assert "in_axes None" in message and "jnp.stack" not in message  # the recipe: one copy, never stacked
+
+
 def test_out_axes_none_lists_a_few_paths_of_a_large_tree():
     n = jax.local_device_count()
     tree = {f"w{i:02d}": jnp.ones((n, 2)) for i in range(100)}

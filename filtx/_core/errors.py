@@ -487,10 +487,10 @@ def _some(paths: list[str], shown: int = 3) -> str:
 def device_count_error(path: str, leaf: Any, axis: int, n_devices: int) -> ValueError:
     return ValueError(
         f"{path} ({describe(leaf)}) is mapped over axis {axis} of size "
-        f"{leaf.shape[axis]}, but filter_pmap runs on {n_devices} local device(s). Give "
-        f"every mapped leaf a leading axis of size {n_devices} (e.g. replicate a model "
-        f"with jax.tree.map(lambda x: jnp.stack([x] * {n_devices}), model)), or pass "
-        f"devices=."
+        f"{leaf.shape[axis]}, but filter_pmap runs on {n_devices} local device(s). A "
+        f"batch takes a leading axis of size {n_devices} (reshape it to ({n_devices}, -1, ...)); "
+        f"a model or state that every device holds whole is not mapped: give it in_axes "
+        f"None (and out_axes None where it comes back), or pass devices=."
     )
 
 
