@@ -60,11 +60,3 @@ def test_a_round_robin_rotates_its_rounds_and_keeps_each_cases_figures():
     timed = runner.round_robin(cases, keep="all")
     assert len(calls) == 15 and timed.orders[0] == ["a", "b", "c"] and timed.orders[1] == ["b", "c", "a"]
     assert all(len(timed.seconds[n]) == 4 and timed.results[n] == [n] * 4 for n in "abc")
-
-
-def test_a_section_replaces_its_own_and_nothing_else(tmp_path):
-    page = tmp_path / "benchmarks.md"
-    page.write_text("\n".join(["# Benchmarks", "", "## A", "old", "## Reproducing", "x"]))
-    report_pages.write_section(str(page), ["## A", "new"])
-    report_pages.write_section(str(page), ["## B", "added"])
-    assert page.read_text().split("\n") == ["# Benchmarks", "", "## A", "new", "## B", "added", "## Reproducing", "x"]
