@@ -101,7 +101,7 @@ def main(argv=None) -> int:
     with open(path, "w") as f:
         json.dump(data, f, indent=1)
         f.write("\n")
-    page = render.publish("report", path if args.output else os.path.relpath(path, ROOT), index, output,
+    page = render.publish(path if args.output else os.path.relpath(path, ROOT), index, output,
                           add=bool(args.only))
     log(f"wrote {page} and {os.path.join(output, 'img')}/, from {path}")
     suites, hosts = data.get("suites") or {}, data.get("hosts") or {}

@@ -10,7 +10,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [os.path.join(ROOT, "benchmarks")]  # _support
 
-from _support import render, report_pages, runner, study_pages  # noqa: E402
+from _support import render, report_pages, runner  # noqa: E402
 
 
 def test_the_page_is_what_its_results_render_to():
@@ -21,7 +21,7 @@ def test_the_page_is_what_its_results_render_to():
 def test_every_section_names_its_results_file():
     page = open(render.PAGE, encoding="utf-8").read()
     index = render.read_index()
-    named = [*index["report"], *index["kept"], *filter(None, [index.get("layouts")])]
+    named = [*index["report"], *index["kept"]]
     for path in named:
         assert os.path.exists(os.path.join(ROOT, path)), path
     sections = page.split("\n## ")[1:-1]  # all but the title and "Reproducing"
@@ -60,38 +60,3 @@ def test_a_round_robin_rotates_its_rounds_and_keeps_each_cases_figures():
     timed = runner.round_robin(cases, keep="all")
     assert len(calls) == 15 and timed.orders[0] == ["a", "b", "c"] and timed.orders[1] == ["b", "c", "a"]
     assert all(len(timed.seconds[n]) == 4 and timed.results[n] == [n] * 4 for n in "abc")
-
-
-def test_a_section_replaces_its_own_and_nothing_else(tmp_path):
-    page = tmp_path / "benchmarks.md"
-    page.write_text("\n".join(["# Benchmarks", "", "## A", "old", "## Reproducing", "x"]))
-    report_pages.write_section(str(page), ["## A", "new"])
-    report_pages.write_section(str(page), ["## B", "added"])
-    assert page.read_text().split("\n") == ["# Benchmarks", "", "## A", "new", "## B", "added", "## Reproducing", "x"]
-
-
-def test_the_layouts_study_is_summarised_against_each_ways_floor():
-    def timed(order, over):  # one process's line: each way `over` times its floor, every round
-        built = [v for w in study_pages.LAYOUT_WAYS for v in ((f"{w} floor", w) if order else (w, f"{w} floor"))]
-        seconds = {v: [1e-3 * (over if not v.endswith("floor") else 1.0)] * 3 for v in built}
-        return {"kind": "time", "devices": 4, "order": order, "built": built, "failed": {}, "rounds": 3,
-                "steps": 8, "width": 8, "batch": 8, "depth": 1, "seconds": seconds}
-
-    lines = [{"kind": "env", "time": "2026-12-05T00:00:00+00:00", "cpu": "cpu", "cores": 2, "jax": "0", "args": "x"},
-             timed(0, 1.21), timed(1, 1.0),
-             {"kind": "bytes", "devices": 4, "way": "fsdp", "arguments": 1030, "counted": 1000, "model": 100,
-              "opt_state": 200, "total_state": 1200, "batch_bytes": 700},
-             {"kind": "capacity", "devices": 4, "way": "fsdp", "axis": "batch", "limit": 2**20, "n": 512},
-             {"kind": "capacity", "devices": 4, "way": "fsdp", "axis": "width", "limit": 2**20, "n": None,
-              "error": "nothing fits"}]
-    rows = {r["way"]: r for r in study_pages.layouts_summary(lines)}
-    fsdp = rows["fsdp"]
-    assert abs(fsdp["balanced"] - 1.1) < 1e-9 and fsdp["met"]  # the geometric mean of 1.21 and 1.0
-    assert fsdp["each"] == [(1.21, False), (1.0, True)]  # built before its floor, then after it
-    assert fsdp["state"] == 300 and not fsdp["bytes_met"]  # 3 % off the count: over the 1 % target
-    text = "\n".join(study_pages.layouts_section(lines, "x.jsonl"))
-    assert text.startswith(study_pages.LAYOUTS_SECTION) and "`x.jsonl`" in text
-    assert ("| 4 | `fsdp` | 1.105 | 1.000 | 1.100 | 1.000-1.210 | <= 1.10x: met | 300 B | 0.250 | "
-            "1.01 KiB / 1000 B (3.00 %: NOT met) | 512 | none (nothing fits) |") in text
-    assert "| 4 | `filter_pmap` |" in text and "not measured" in text  # bytes and capacity missing there
-

@@ -120,8 +120,6 @@ def shard_map_row(n: int, size: int = SIZE) -> dict:
 
 
 ROWS = 4  # batch rows per device
-PMAP = ("jax.pmap", "filter_pmap", "eqx.filter_pmap")
-JIT = ("jax.jit+NamedSharding", "filter_jit+shardings")
 
 
 def initialize(process_id: int, port: int, processes: int) -> None:
@@ -138,40 +136,31 @@ def global_step(model, x):
     return eqx.apply_updates(model, jax.tree_util.tree_map(lambda g: -LR * g, grads))
 
 
-def variants(leaves: int, names=PMAP + JIT) -> dict:
-    """name -> (call, state) for each of `names`, nothing called yet."""
+def variants(leaves: int) -> dict:
+    """name -> (call, state) for each variant, nothing called yet."""
     n = jax.local_device_count()
     model = models.leafy_mlp(leaves)
     params, static = eqx.partition(model, eqx.is_array)
     local = jax.tree_util.tree_map(lambda a: np.stack([np.asarray(a)] * n), params)
     x = np.ones((n, ROWS, 8), np.float32)
-    out = {}
-    if "jax.pmap" in names:
-        jpmap = jax.pmap(lambda p, x: eqx.filter(sgd_step(eqx.combine(p, static), x), eqx.is_array),
-                         axis_name=AXIS, donate_argnums=0)
-        out["jax.pmap"] = (lambda p: jpmap(p, x), local)
-    if "filter_pmap" in names:
-        fpmap = filtx.filter_pmap(sgd_step, axis_name=AXIS, donate="arrays", specs={"x": filtx.traced})
-        out["filter_pmap"] = (lambda m: fpmap(m, x), eqx.combine(local, static))
-    if "eqx.filter_pmap" in names:
-        epmap = eqx.filter_pmap(sgd_step, axis_name=AXIS, donate="all")
-        out["eqx.filter_pmap"] = (lambda m: epmap(m, x), eqx.combine(local, static))
-    if not set(JIT) & set(names):
-        return out
+    jpmap = jax.pmap(lambda p, x: eqx.filter(sgd_step(eqx.combine(p, static), x), eqx.is_array),
+                     axis_name=AXIS, donate_argnums=0)
+    fpmap = filtx.filter_pmap(sgd_step, axis_name=AXIS, donate="arrays", specs={"x": filtx.traced})
+    epmap = eqx.filter_pmap(sgd_step, axis_name=AXIS, donate="all")
     mesh = jax.make_mesh((jax.device_count(),), (AXIS,), axis_types=(AxisType.Explicit,))
     replicated, split = NamedSharding(mesh, P()), NamedSharding(mesh, P(AXIS))
     gx = filtx.filter_shard(np.ones((n * ROWS, 8), np.float32), P(AXIS), mesh=mesh, process_local=True)
     host = eqx.combine(jax.tree_util.tree_map(np.asarray, params), static)  # each variant its own buffers
-    if "jax.jit+NamedSharding" in names:
-        jstep = jax.jit(lambda p, x: eqx.filter(global_step(eqx.combine(p, static), x), eqx.is_array),
-                        in_shardings=(replicated, split), out_shardings=replicated, donate_argnums=0)
-        gparams = eqx.filter(filtx.filter_shard(host, P(), mesh=mesh), eqx.is_array)
-        out["jax.jit+NamedSharding"] = (lambda p: jstep(p, gx), gparams)
-    if "filter_jit+shardings" in names:
-        fstep = filtx.filter_jit(global_step, donate="arrays", mesh=mesh, specs={"x": filtx.traced},
-                                 in_shardings={"model": P(), "x": P(AXIS)}, out_shardings=P())
-        out["filter_jit+shardings"] = (lambda m: fstep(m, gx), filtx.filter_shard(host, P(), mesh=mesh))
-    return out
+    jstep = jax.jit(lambda p, x: eqx.filter(global_step(eqx.combine(p, static), x), eqx.is_array),
+                    in_shardings=(replicated, split), out_shardings=replicated, donate_argnums=0)
+    fstep = filtx.filter_jit(global_step, donate="arrays", mesh=mesh, specs={"x": filtx.traced},
+                             in_shardings={"model": P(), "x": P(AXIS)}, out_shardings=P())
+    return {"jax.pmap": (lambda p: jpmap(p, x), local),
+            "filter_pmap": (lambda m: fpmap(m, x), eqx.combine(local, static)),
+            "eqx.filter_pmap": (lambda m: epmap(m, x), eqx.combine(local, static)),
+            "jax.jit+NamedSharding": (lambda p: jstep(p, gx),
+                                      eqx.filter(filtx.filter_shard(host, P(), mesh=mesh), eqx.is_array)),
+            "filter_jit+shardings": (lambda m: fstep(m, gx), filtx.filter_shard(host, P(), mesh=mesh))}
 
 
 def warm(variants: dict, calls: int = 3) -> dict:

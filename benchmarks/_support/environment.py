@@ -1,8 +1,5 @@
 """The one record of where and with what a measurement ran, saved beside every
-result (the report's data, the suites' ratio files, the studies' lines).
-
-    python benchmarks/_support/environment.py         # the record, one JSON line (starts JAX)
-    python benchmarks/_support/environment.py --host  # the machine and the versions alone
+result (the report's data, the suites' ratio files).
 
 `record()` is standard library only; `record(devices=True)` starts JAX's
 backend and adds what it runs on and the CUDA libraries JAX loaded.
@@ -11,11 +8,9 @@ backend and adds what it runs on and the CUDA libraries JAX loaded.
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import platform
 import subprocess
-import sys
 from importlib import metadata
 
 VERSIONS = ("jax", "jaxlib", "equinox", "flax", "optax", "numpy", "filtx", "pytest-benchmark")
@@ -75,7 +70,3 @@ def _devices() -> dict:
                 cuda[name] = f"{type(e).__name__}: {e}"[:80]
     return {"platform": device.platform, "device_kind": device.device_kind, "devices": jax.device_count(),
             "platform_version": getattr(device.client, "platform_version", None), "cuda": cuda}
-
-
-if __name__ == "__main__":
-    print(json.dumps(record(devices="--host" not in sys.argv)), flush=True)

@@ -4,9 +4,8 @@ written from (paths from the repository's root): `report`, the report's data
 files, merged in order (a suite run alone replaces that suite's groups);
 `kept`, the sections of studies that left the tree, Markdown files kept as
 those studies wrote them beside their saved runs (each cites the commit that
-ran it; an image one shows, `img/NAME.png`, lies beside it); `layouts`, the
-lines of `probes/layouts.py`. `report.py --render` writes the page from them;
-`report.py` and `probes/layouts.py --report` name their file there first
+ran it; an image one shows, `img/NAME.png`, lies beside it). `report.py
+--render` writes the page from them; `report.py` names its file there first
 (`publish`). Each section names its file.
 """
 
@@ -17,7 +16,7 @@ import os
 import re
 import shutil
 
-from _support import report_pages, study_pages
+from _support import report_pages
 
 BENCH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROOT = os.path.dirname(BENCH)
@@ -73,8 +72,6 @@ def page(index: dict, root: str = ROOT, img: str | None = None) -> list[str]:
         lines += report_pages.report_sections(report)
     for path in index.get("kept", []):
         lines += kept_section(os.path.join(root, path), img)
-    if index.get("layouts"):
-        lines += study_pages.layouts_render(os.path.join(root, index["layouts"]), root)
     return lines + report_pages.REPRODUCING
 
 
@@ -94,18 +91,12 @@ def write(output: str = os.path.dirname(PAGE), index: dict | None = None, plots:
     return path
 
 
-def publish(kind: str, value, index_path: str = INDEX, output: str = os.path.dirname(PAGE), add: bool = True) -> str:
-    """Names `value` as the results of `kind` in the index (`report`: a file
-    added to the list, or with `add=False` the only one; `orders`: a `[title,
-    file]` pair, replacing one of that title; any other kind: replaced), then
-    writes the page from it; returns the page's path."""
+def publish(report: str, index_path: str = INDEX, output: str = os.path.dirname(PAGE), add: bool = True) -> str:
+    """Names `report` (a data file of `report.py`'s) among the report's
+    results in the index (added to the list, or with `add=False` the only
+    one), then writes the page from it; returns the page's path."""
     index = read_index(index_path) if os.path.exists(index_path) else {}
-    if kind == "report":
-        index["report"] = [p for p in index.get("report", []) if p != value and add] + [value]
-    elif kind == "orders":
-        index["orders"] = [o for o in index.get("orders", []) if o[0] != value[0]] + [value]
-    else:
-        index[kind] = value
+    index["report"] = [p for p in index.get("report", []) if p != report and add] + [report]
     with open(index_path, "w") as f:
         json.dump(index, f, indent=1)
         f.write("\n")

@@ -271,29 +271,6 @@ def hosts_section(hosts: dict | None, plan, path: str | None) -> list[str]:
     return lines
 
 
-def replace_section(page: list[str], section: list[str]) -> list[str]:
-    """`page` with the section that starts with `section`'s heading replaced by
-    `section` (up to the next `## ` heading), or `section` inserted before
-    `## Failures` / `## Reproducing` when the page has none."""
-    heading = section[0]
-    if heading in page:
-        start = page.index(heading)
-        end = next((i for i in range(start + 1, len(page)) if page[i].startswith("## ")), len(page))
-        return page[:start] + section + page[end:]
-    at = next((i for i, line in enumerate(page) if line in ("## Failures", "## Reproducing")), len(page))
-    return page[:at] + section + page[at:]
-
-
-def write_section(path: str, section: list[str]) -> None:
-    """`section` in the page at `path` (`replace_section`), the page made if missing."""
-    page = []
-    if os.path.exists(path):
-        with open(path) as f:
-            page = f.read().split("\n")
-    with open(path, "w") as f:
-        f.write("\n".join(replace_section(page, section)))
-
-
 def plans():
     """The `bench_donation` and `bench_hosts` modules (standard library only at import)."""
     suites = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "suites")

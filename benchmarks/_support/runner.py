@@ -1,5 +1,5 @@
-"""The one runner of the benchmarks: the orders, the timing loop, its
-statistics, and processes.
+"""The one runner of the benchmarks: the orders, the timing loop and
+processes.
 
 - `orders(n)`: the rows of a balanced Latin square, the orders of every
   round-robin's rounds and of every study's builds (`ordered`).
@@ -7,12 +7,8 @@ statistics, and processes.
   then round 2, each in the next order, each call after its own untimed
   setup: what the suites (through `interleave.py`), the studies and the steps
   under several processes time.
-- `median_ratio`, `geometric_mean`: a ratio per round, then its median; over
-  build orders, the geometric mean.
-- `emitter()`, a worker's JSON lines; `call(argv)`, one process;
-  `together(commands)`, workers that meet (a cluster on loopback); `Jobs`,
-  workers one after the other under a deadline, their lines read as they
-  come. Each bounded in time, killed with its process group and reaped.
+- `call(argv)`, one process; `together(commands)`, workers that meet (a
+  cluster on loopback). Each bounded in time, killed and reaped.
 
 Standard library only; `block` is how a caller waits for JAX's work.
 """
@@ -21,15 +17,10 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import json
-import math
 import os
 import signal
-import statistics
 import subprocess
-import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 
@@ -129,32 +120,9 @@ def round_robin(cases: dict[str, Case], *, timer: Callable[[], float] = time.per
     return timings
 
 
-def median_ratio(a: list[float], b: list[float]) -> float:
-    """The median over rounds of `a`'s figure over `b`'s in the same round."""
-    return statistics.median(x / y for x, y in zip(a, b))
-
-
-def geometric_mean(xs) -> float:
-    xs = list(xs)
-    return math.exp(sum(map(math.log, xs)) / len(xs))
-
-
 #
-# Workers and the parent
+# Processes
 #
-
-
-def emitter() -> Callable[[dict], None]:
-    """A worker's `emit(obj)`: one JSON line on the real stdout; anything else
-    printed goes to stderr (the parent's log)."""
-    stream = os.fdopen(os.dup(1), "w")
-    sys.stdout = sys.stderr
-
-    def emit(obj: dict) -> None:
-        stream.write(json.dumps(obj) + "\n")
-        stream.flush()
-
-    return emit
 
 
 def call(argv: list, timeout: float, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -198,96 +166,3 @@ def together(commands: list[list], timeout: float, env: dict | None = None) -> t
             with open(path, errors="replace") as f:
                 outputs.append(f.read())
     return [p.returncode for p in processes], outputs
-
-
-@dataclasses.dataclass
-class Job:
-    name: str
-    argv: list  # the command (its own study's), run from the repository's root
-    timeout: float  # its own limit, seconds
-    least: float = 0.0  # not started with less time than this left
-
-
-class Jobs:
-    """Jobs one after the other, each a fresh process group, against one
-    deadline: a job is skipped when less than its `least` is left, and cut at
-    its own limit or the deadline. Every JSON line a worker prints goes to
-    `OUT/<name>.jsonl` as it comes (with the job's name and seconds); stderr and
-    the progress to `OUT/<name>.log`. With `signals`, told to stop (TERM, INT),
-    the running worker's group is killed first."""
-
-    def __init__(self, out: str, name: str, deadline_s: float, env: dict | None = None, signals: bool = False):
-        os.makedirs(out, exist_ok=True)
-        self.dir, self.start = out, time.monotonic()
-        self.jsonl = os.path.join(out, f"{name}.jsonl")
-        self.log_path = os.path.join(out, f"{name}.log")
-        self.deadline = self.start + deadline_s
-        self.env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
-        self.lines: list[dict] = []
-        self.running: subprocess.Popen | None = None
-        self._lock = threading.Lock()
-        for signum in (signal.SIGTERM, signal.SIGINT) if signals else ():
-            signal.signal(signum, self._stop)
-
-    def log(self, text: str) -> None:
-        line = f"[{time.monotonic() - self.start:6.1f} s] {text}"
-        print(line, flush=True)
-        with self._lock, open(self.log_path, "a") as f:
-            f.write(line + "\n")
-
-    def record(self, obj: dict) -> None:
-        with self._lock:
-            self.lines.append(obj)
-            with open(self.jsonl, "a") as f:
-                f.write(json.dumps(obj) + "\n")
-
-    def run(self, job: Job, describe: Callable[[dict], str] = lambda obj: json.dumps(obj)[:200]) -> list[dict]:
-        left = self.deadline - time.monotonic()
-        if left < job.least:
-            self.log(f"SKIPPED {job.name}: {left:.0f} s left, it needs {job.least:.0f}")
-            self.record({"kind": "skipped", "job": job.name, "left_s": round(left, 1)})
-            return []
-        timeout = min(job.timeout, left - 1.0)
-        self.log(f"start {job.name} (limit {timeout:.0f} s)")
-        begin, got = time.monotonic(), []
-        with open(self.log_path, "a") as log:
-            log.write(f"--- {job.name}: {' '.join(job.argv)}\n")
-            log.flush()
-            process = subprocess.Popen(job.argv, stdout=subprocess.PIPE, stderr=log, text=True, env=self.env,
-                                       start_new_session=True)
-            self.running = process
-
-            def read():
-                for line in process.stdout:
-                    try:
-                        obj = json.loads(line) if line.startswith("{") else None
-                    except ValueError:
-                        obj = None
-                    if obj is not None:
-                        obj.update(job=job.name, job_s=round(time.monotonic() - begin, 2))
-                        got.append(obj)
-                        self.record(obj)
-                        self.log(f"  {describe(obj)}")
-
-            reader = threading.Thread(target=read, daemon=True)
-            reader.start()
-            try:
-                code = process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                code = process.wait()
-                self.log(f"TIMED OUT {job.name} after {timeout:.0f} s (what it wrote before is kept)")
-                self.record({"kind": "failed", "job": job.name, "why": f"timed out after {timeout:.0f} s"})
-            reader.join(5)
-            self.running = None
-        if code not in (0, -signal.SIGKILL):
-            self.log(f"FAILED {job.name}: exit {code} (its stderr is in the log)")
-            self.record({"kind": "failed", "job": job.name, "why": f"exit {code}"})
-        self.log(f"end {job.name}: {time.monotonic() - begin:.1f} s, {len(got)} result(s)")
-        return got
-
-    def _stop(self, signum, frame) -> None:
-        process = self.running
-        if process is not None and process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-        raise SystemExit(f"stopped by signal {signum}")

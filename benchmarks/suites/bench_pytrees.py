@@ -171,17 +171,13 @@ def _batch() -> list:
             jnp.asarray(rng.standard_normal((BATCH, 8), dtype=np.float32))]
 
 
-def _rounds() -> int:
-    return QUICK_ROUNDS if ratios.quick() else ROUNDS
-
-
 def _case(fn, make_state, steps: int, kept: tuple = ()) -> interleave.Case:
     loop(fn, make_state(), 2, kept)  # compile, and fill every cache
 
     def setup():
         return (fn, make_state(), steps, kept), {}
 
-    return interleave.Case(loop, rounds=_rounds(), setup=setup)
+    return interleave.Case(loop, rounds=QUICK_ROUNDS if ratios.quick() else ROUNDS, setup=setup)
 
 
 @ft.cache
