@@ -207,3 +207,37 @@ def bounded(fn, *args, **kwargs):
     if "error" in result:
         raise result["error"]
     return result["value"]
+
+
+# Scripts run with EQX_ON_ERROR set (Equinox reads it as it is imported), each
+# printing its lines with its name first. test_eqx_errors and test_refs read
+# their own: one fresh process a mode serves both (marked `shares_process`,
+# they run on one worker).
+EQX_ON_ERROR_SCRIPTS = {
+    # an Equinox check failing under filter_jit: "nan" gives NaN, "breakpoint" stops in the debugger
+    "check": """
+f = filtx.filter_jit(lambda x: eqx.error_if(x, x < 0, "negative") * 2)
+print("check: result", float(f(jnp.array(-1.0))), flush=True)
+""",
+    # donation next to a Ref, where Equinox wraps jax.jit in a plain function (no .trace)
+    "ref": """
+step = filtx.filter_jit(lambda total, w, x: (total.__setitem__(..., total[...] + x), w * 2)[1], donate="arrays")
+total, w, x = jax.new_ref(jnp.zeros(3)), jnp.ones(2), jnp.ones(3)
+out = step(total, w, x)
+print("ref: result", total[...].tolist(), out.tolist(), w.is_deleted(), x.is_deleted(), flush=True)
+""",
+}
+
+
+@functools.cache
+def eqx_on_error_process(mode: str):
+    """Every script of `EQX_ON_ERROR_SCRIPTS`, in order, in one fresh process
+    with `EQX_ON_ERROR=mode` (the debugger, where one opens, is told to
+    continue): its `subprocess.CompletedProcess`."""
+    import subprocess
+    import sys
+
+    script = "import equinox as eqx, jax, jax.numpy as jnp, filtx\n" + "".join(EQX_ON_ERROR_SCRIPTS.values())
+    env = dict(os.environ, EQX_ON_ERROR=mode, JAX_PLATFORMS="cpu")
+    return subprocess.run([sys.executable, "-c", script], input="c\n", env=env, capture_output=True, text=True,
+                          timeout=120)

@@ -25,8 +25,24 @@ BOTH_WAYS = {"test_jit.py", "test_fidelity.py", "test_donation.py"}
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "one_way: run once, not both with and without reuse (a timing test)")
+    config.addinivalue_line("markers", "shares_process(name): shares a fresh process with the tests of that name")
     if not config.getoption("benchmark_enable", False):
         compile_quickly()
+
+
+def pytest_collection_modifyitems(config, items):
+    """The tests that share a fresh process (`shares_process`), first and side
+    by side, each name's together: `pytest -n 2` (xdist's `load`) hands each
+    worker a run of consecutive tests to start with, so they land on one worker
+    and start the process once. (xdist's `--dist loadgroup` would say so
+    directly, but does not group under pytest 9.2: it renames the items'
+    `_nodeid`, which pytest 9 no longer reads.)"""
+
+    def group(item):
+        marker = item.get_closest_marker("shares_process")
+        return (0, marker.args[0]) if marker else (1, "")
+
+    items.sort(key=group)
 
 
 # XLA's CPU code generator for fused operations: the one before its MLIR-based

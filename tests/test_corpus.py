@@ -73,7 +73,8 @@ def test_donation_report_and_explain_take_every_step(name):
     case = corpus.BY_NAME[name]
     args, kwargs = case.start(corpus.N)
     report = filtx.donation_report(case.step, *args, **kwargs)
-    shapes = filtx.donation_report(case.step, *case.make_args(corpus.N)[0], **case.make_args(corpus.N)[1])
+    shape_args, shape_kwargs = case.make_args(corpus.N)
+    shapes = filtx.donation_report(case.step, *shape_args, **shape_kwargs)
     assert [(r.path, r.role, r.value) for r in shapes.rows] == [(r.path, r.role, r.value) for r in report.rows]
     case.step(*args, **kwargs)
     assert filtx.explain(case.step).signatures and str(filtx.explain(case.step))

@@ -6,9 +6,6 @@ message; without filtx ever blocking per call."""
 
 import logging
 import os
-import subprocess
-import sys
-import textwrap
 import traceback
 
 import equinox as eqx
@@ -20,7 +17,7 @@ from jax.sharding import PartitionSpec as P
 
 import filtx
 
-from _helpers import drain_failed_runtime_tokens
+from _helpers import drain_failed_runtime_tokens, eqx_on_error_process
 
 N = len(jax.devices())
 FILTX_DIR = os.path.dirname(filtx.__file__)
@@ -127,20 +124,11 @@ def test_filter_shard_map_checks_raise_too():
     assert "negative shard" in str(error)
 
 
-SCRIPT = textwrap.dedent(
-    """
-    import equinox as eqx, jax.numpy as jnp, filtx
-    f = filtx.filter_jit(lambda x: eqx.error_if(x, x < 0, "negative") * 2)
-    print("result", float(f(jnp.array(-1.0))))
-    """
-)
-
-
+@pytest.mark.shares_process("eqx_on_error")  # with test_refs' breakpoint test (_helpers.eqx_on_error_process)
 @pytest.mark.parametrize("mode", ["nan", "breakpoint"])
 def test_eqx_on_error_nan_and_breakpoint_keep_working(mode):
-    env = dict(os.environ, EQX_ON_ERROR=mode, JAX_PLATFORMS="cpu")
-    done = subprocess.run([sys.executable, "-c", SCRIPT], input="c\n", env=env, capture_output=True, text=True, timeout=120)
+    done = eqx_on_error_process(mode)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "result nan" in done.stdout
+    assert "check: result nan" in done.stdout
     if mode == "breakpoint":
         assert "equinox.EquinoxRuntimeError: negative" in done.stdout

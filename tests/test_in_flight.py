@@ -135,6 +135,7 @@ def loops_in_a_fresh_process():
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.shares_process("in_flight_loops")  # loops_in_a_fresh_process
 def test_without_the_option_the_loop_runs_ahead():
     # The same loop unbounded queues calls (what the option is for): a step of a
     # few hundred milliseconds of one core's work, six dispatched in a few
@@ -144,6 +145,7 @@ def test_without_the_option_the_loop_runs_ahead():
     assert max(seen) > 1, seen
 
 
+@pytest.mark.shares_process("in_flight_loops")
 def test_a_donating_loop_keeps_its_next_call_queued():
     # At k=1 a donating loop waits for the call before the previous one, never
     # for the previous one: after each dispatch one earlier call is still

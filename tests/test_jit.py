@@ -203,6 +203,7 @@ def not_blocking():
     return {name: (float(d), float(t)) for name, d, t in lines}
 
 
+@pytest.mark.shares_process("not_blocking")  # its module fixture: one fresh process
 @pytest.mark.one_way
 def test_call_does_not_block(not_blocking):
     dispatched, total = not_blocking["call"]
@@ -240,6 +241,7 @@ for name, step in (("filtx", filtx.filter_jit(body, donate="arrays")), ("jax.jit
 """
 
 
+@pytest.mark.shares_process("not_blocking")  # its module fixture: one fresh process
 @pytest.mark.one_way
 def test_a_donating_loop_fed_back_does_not_block(not_blocking):
     # The training loop's path (outputs fed back, taken from the call layout, their

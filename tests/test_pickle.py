@@ -2,8 +2,8 @@
 (a module-level function) and `cloudpickle` (a lambda, a closure, a bound
 method, a wrapped Module), before and after a call, and works in a fresh
 process; compile state never travels; an unpickled wrapper equal to a live one
-shares its compiled entries. One subprocess runs every shipped case, and one
-spawned worker runs a training step.
+shares its compiled entries. One spawned worker runs every shipped case and a
+training step.
 
 What a pickle names of filtx stays put: its public names (`filtx.<name>`) and
 `filtx._pickling.remake`, nothing private, for every public object (results,
@@ -99,22 +99,31 @@ def _call(wrapper, args, label):
     return wrapper(*args)
 
 
-_CHILD = """
-import pickle, sys, cloudpickle, numpy as np, jax
-sys.path.insert(0, {tests!r})
-from test_pickle import _call
-cases = pickle.loads(sys.stdin.buffer.read())
-results = []
-for label, payload, loader, args in cases:
-    wrapper = {{"pickle": pickle, "cloudpickle": cloudpickle}}[loader].loads(payload)
-    first = np.asarray(_call(wrapper, args, label))
-    again = np.asarray(_call(wrapper, args, label))
-    results.append((label, first, again, getattr(wrapper, "options", None)))
-sys.stdout.buffer.write(pickle.dumps(results))
-"""
+def _run_shipped(shipped):
+    """In the spawned worker: each case loaded by its pickler and called twice,
+    `(label, first, again, options)`."""
+    loaders = {"pickle": pickle, "cloudpickle": cloudpickle}
+    results = []
+    for label, payload, loader, args in shipped:
+        wrapper = loaders[loader].loads(payload)
+        first = np.asarray(_call(wrapper, args, label))
+        again = np.asarray(_call(wrapper, args, label))
+        results.append((label, first, again, getattr(wrapper, "options", None)))
+    return results
 
 
-def test_every_wrapper_kind_pickles_and_runs_in_a_fresh_process():
+@pytest.fixture(scope="module")
+def spawned_worker():
+    """One fresh process, started as a user's worker pool starts one
+    (multiprocessing's "spawn"): the shipped cases and the training step both
+    run there, so the suite pays one process start for them."""
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as pool:
+        yield pool
+
+
+@pytest.mark.shares_process("spawned_worker")
+def test_every_wrapper_kind_pickles_and_runs_in_a_fresh_process(spawned_worker):
     shipped, expected = [], {}
     for label, wrapper, pickler, args in _cases():
         before = pickler.dumps(wrapper)
@@ -127,12 +136,7 @@ def test_every_wrapper_kind_pickles_and_runs_in_a_fresh_process():
             assert _filtx_names(payload) <= {REMAKE}, label
             shipped.append((f"{label}, {when} a call", payload, pickler.__name__, args))
             expected[f"{label}, {when} a call"] = (result, getattr(wrapper, "options", None))
-    done = subprocess.run(
-        [sys.executable, "-c", _CHILD.format(tests=str(TESTS))],
-        input=pickle.dumps(shipped), capture_output=True, timeout=240, check=False, env=dict(os.environ), cwd=str(TESTS),
-    )
-    assert done.returncode == 0, done.stderr.decode()[-4000:]
-    results = pickle.loads(done.stdout)
+    results = spawned_worker.submit(_run_shipped, shipped).result(timeout=240)
     assert [r[0] for r in results] == [s[0] for s in shipped]
     for label, first, again, options in results:
         want, want_options = expected[label]
@@ -141,13 +145,11 @@ def test_every_wrapper_kind_pickles_and_runs_in_a_fresh_process():
         assert options == want_options, label
 
 
-def test_a_training_step_shipped_to_a_spawned_worker_gives_the_same_losses():
+@pytest.mark.shares_process("spawned_worker")
+def test_a_training_step_shipped_to_a_spawned_worker_gives_the_same_losses(spawned_worker):
     data = _pickled.batches()
     in_process = _pickled.train(_pickled.train_step, _pickled.make_model(), data)
-    context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as pool:
-        shipped = pool.submit(_pickled.train, _pickled.train_step, _pickled.make_model(), data)
-        in_worker = shipped.result(timeout=240)
+    in_worker = spawned_worker.submit(_pickled.train, _pickled.train_step, _pickled.make_model(), data).result(timeout=240)
     assert len(in_worker) == len(data) and in_worker[-1] < in_worker[0]
     np.testing.assert_allclose(in_worker, in_process, rtol=1e-5)
 

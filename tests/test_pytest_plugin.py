@@ -35,10 +35,15 @@ def test_train_step(donation_benchmark, mode):
 
 
 def test_the_fixture_gives_one_entry_per_mode_with_bytes(pytester, monkeypatch):
+    from filtx._tools.compare import timing
+
     for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
         monkeypatch.delenv(name, raising=False)  # run by `pytest -n 2`: the inner run is not a worker
+    # In this process (pytest's own, as a plugin is loaded; no process to start):
+    # the timing's fewest rounds, not 8 s a mode of them (timing's own tests time)
+    monkeypatch.setattr(timing, "TIMED_SECONDS", 1e-3)
     pytester.makepyfile(test_suite=_SUITE)
-    result = pytester.runpytest_subprocess(
+    result = pytester.runpytest_inprocess(
         "-p", "no:cacheprovider", "-p", "no:xdist", "--benchmark-enable", "--benchmark-json=out.json", "-q"
     )
     result.assert_outcomes(passed=2)

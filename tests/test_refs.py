@@ -6,9 +6,6 @@ transformation cannot take them."""
 
 import dataclasses
 import gc
-import os
-import subprocess
-import sys
 import warnings
 import weakref
 
@@ -21,7 +18,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import filtx
 
-from _helpers import counting
+from _helpers import counting, eqx_on_error_process
 
 N = len(jax.devices())
 
@@ -345,20 +342,10 @@ def test_donating_several_leaves_of_a_refs_shape_keeps_those_no_output_reuses():
     assert a.is_deleted() and not c.is_deleted()
 
 
-BREAKPOINT_SCRIPT = """
-import jax, jax.numpy as jnp, filtx
-step = filtx.filter_jit(lambda total, w, x: (total.__setitem__(..., total[...] + x), w * 2)[1], donate="arrays")
-total, w, x = jax.new_ref(jnp.zeros(3)), jnp.ones(2), jnp.ones(3)
-out = step(total, w, x)
-print("result", total[...].tolist(), out.tolist(), w.is_deleted(), x.is_deleted())
-"""
-
-
+@pytest.mark.shares_process("eqx_on_error")  # with test_eqx_errors' (_helpers.eqx_on_error_process)
 def test_donation_next_to_a_ref_under_eqx_on_error_breakpoint():
     # Equinox then wraps jax.jit in a plain function (no .trace): every donation
-    # of a Ref's shape is dropped, the others kept
-    env = dict(os.environ, EQX_ON_ERROR="breakpoint", JAX_PLATFORMS="cpu")
-    script = "import equinox\n" + BREAKPOINT_SCRIPT
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    # of a Ref's shape is dropped, the others kept (the script: _helpers.EQX_ON_ERROR_SCRIPTS["ref"])
+    done = eqx_on_error_process("breakpoint")
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "result [1.0, 1.0, 1.0] [2.0, 2.0] True False" in done.stdout
+    assert "ref: result [1.0, 1.0, 1.0] [2.0, 2.0] True False" in done.stdout
