@@ -241,9 +241,11 @@ def test_fence_parser():
     ]
 
 
+@pytest.mark.e2e
 def test_strict_build(tmp_path):
     """`mkdocs build --strict` succeeds: no warning, no broken link or reference.
-    The docs tools are in the `test` extra, so this never skips."""
+    The docs tools are in the `test` extra, so this never skips. End-to-end (a
+    whole site build, as CI's own `mkdocs build --strict` step on every leg)."""
     completed = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(tmp_path / "site")],
         cwd=ROOT,
