@@ -40,6 +40,7 @@ __all__ = [
     "user_out_specs",
     "unbound_axis_name",
     "bare_axis_assertion",
+    "missing_axis_key",
     "varying_axes",
     "UNUSABLE_DONATION_WARNING",
     "ANY_UNUSABLE_DONATION",
@@ -196,6 +197,20 @@ def bare_axis_assertion(error: Exception) -> bool:
     a collective's axis names against the mesh with a bare `assert` (in
     `core.pvary`): an `AssertionError` without a message."""
     return type(error) is AssertionError and not error.args
+
+
+def missing_axis_key(error: Exception) -> str | None:
+    """Inside `shard_map` with `check_vma=True`, JAX 0.7 (before the bare
+    `assert` of `bare_axis_assertion`) looks a collective's axis names up in the
+    mesh: a `KeyError` of the name. The name, on such a JAX, or None (a
+    `KeyError` there is no more than a missing key: the caller checks the name
+    against the axes it binds, and chains JAX's error)."""
+    if type(error) is KeyError and len(error.args) == 1 and isinstance(error.args[0], str) and _JAX < (0, 8):
+        return error.args[0]
+    return None
+
+
+_JAX = tuple(int(part) for part in re.findall(r"\d+", jax.__version__)[:2])
 
 
 # JAX's warning for donated buffers no output reuses lists avals; filtx's own,

@@ -22,7 +22,7 @@ import jax
 from jax.sharding import PartitionSpec
 
 from .._base.jax_compat import (
-    bare_axis_assertion, top_level, unbound_axis_name, user_out_specs as _user_out_specs, varying_axes,
+    bare_axis_assertion, missing_axis_key, top_level, unbound_axis_name, user_out_specs as _user_out_specs, varying_axes,
 )
 from .._core.boundary import Boundary, Split, flat_functions, unique_paths
 from .._core.entry import Entry
@@ -159,8 +159,8 @@ class _ShardMapWrapper(AheadOfTime, Wrapper):
         except ValueError as error:
             _user_out_specs(error)
             raise
-        except (NameError, AssertionError) as error:
-            raise call_error(error, (NameError, AssertionError), self._sharding.axis_error)
+        except (NameError, AssertionError, KeyError) as error:
+            raise call_error(error, (NameError, AssertionError, KeyError), self._sharding.axis_error)
 
 
     def _placed_shapes(self, entry: Entry, split: Split, dynamic: list) -> list:
@@ -260,7 +260,7 @@ class _Sharding:
     def axis_error(self, error: Exception) -> NameError | None:
         """On the error path: JAX's error for a collective over an axis name this
         shard_map does not bind, said with the axes it binds, or None."""
-        name = unbound_axis_name(error)
+        name = unbound_axis_name(error) or missing_axis_key(error)
         if name is None and not bare_axis_assertion(error):
             return None
         mesh = self.mesh or ambient_concrete_mesh() or ambient_mesh()
