@@ -59,16 +59,13 @@ donated is lost.
 Cost: unset, the option costs nothing (`Wrapper.__call__` reads one attribute,
 `_in_flight`, None). Set, a call takes a lock, waits where more than `k`
 tokens are held (on the oldest, until `k` are left), and dispatches the token's
-program: 6 microseconds of the host's per call on one CPU device (3.6 of them
-the dispatch), about 100 over 8 virtual CPU devices, where the program runs on
-each. On a CPU the token's execution also takes the runtime's threads some
-tens of microseconds per call, and every wait a wake-up: a loop of 15 ms steps
-ran 4 % slower at k=1, of 1 ms steps 11 to 16 %, where blocking by hand on the
-loss of the step before the previous one cost 3 to 15 %
-(`benchmarks/results/in_flight/`). A token made inside the compiled step would
-cost the runtime nothing more, but compile bounded wrappers apart. The token's
-program is compiled once per kind of array it takes (shape, dtype, sharding),
-for the whole process, and no compile of the wrapper's depends on the bound.
+program; on a CPU the token's execution also takes the runtime's threads, and
+every wait a wake-up. The figures are written once, in the performance notes
+(`docs/performance-notes.md`, "What `max_in_flight` costs"). A token made
+inside the compiled step would cost the runtime nothing more, but compile
+bounded wrappers apart. The token's program is compiled once per kind of array
+it takes (shape, dtype, sharding), for the whole process, and no compile of the
+wrapper's depends on the bound.
 
 **Kept where, shared by whom.** The record (`InFlight`: the tokens of the
 calls not yet known finished, and a lock) is kept beside the wrapper's compile
