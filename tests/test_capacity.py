@@ -643,6 +643,7 @@ def test_the_footnote_says_the_loop_model_in_two_lines():
     assert "in flight = per call running ahead (2 calls: max_in_flight=2)" in text and "0 batches put ahead" in text
 
 
+@pytest.mark.e2e  # the user's loop in fresh Python processes
 def test_on_cpu_verify_runs_the_loop_in_fresh_processes():
     capacity = filtx.compare_capacity(
         filtx.filter_jit(_keyword_sgd), lambda n: ((S((W, W), jnp.float32),), {"x": S((n, W), jnp.float32)}),

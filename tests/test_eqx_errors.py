@@ -124,6 +124,7 @@ def test_filter_shard_map_checks_raise_too():
     assert "negative shard" in str(error)
 
 
+@pytest.mark.e2e  # a fresh Python process with EQX_ON_ERROR set, as a user's script runs
 @pytest.mark.shares_process("eqx_on_error")  # with test_refs' breakpoint test (_helpers.eqx_on_error_process)
 @pytest.mark.parametrize("mode", ["nan", "breakpoint"])
 def test_eqx_on_error_nan_and_breakpoint_keep_working(mode):

@@ -122,6 +122,7 @@ def spawned_worker():
         yield pool
 
 
+@pytest.mark.e2e  # wrappers shipped to a spawned Python process
 @pytest.mark.shares_process("spawned_worker")
 def test_every_wrapper_kind_pickles_and_runs_in_a_fresh_process(spawned_worker):
     shipped, expected = [], {}
@@ -145,6 +146,7 @@ def test_every_wrapper_kind_pickles_and_runs_in_a_fresh_process(spawned_worker):
         assert options == want_options, label
 
 
+@pytest.mark.e2e  # a training step shipped to a spawned Python process
 @pytest.mark.shares_process("spawned_worker")
 def test_a_training_step_shipped_to_a_spawned_worker_gives_the_same_losses(spawned_worker):
     data = _pickled.batches()

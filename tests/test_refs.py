@@ -342,6 +342,7 @@ def test_donating_several_leaves_of_a_refs_shape_keeps_those_no_output_reuses():
     assert a.is_deleted() and not c.is_deleted()
 
 
+@pytest.mark.e2e  # a fresh Python process with EQX_ON_ERROR set
 @pytest.mark.shares_process("eqx_on_error")  # with test_eqx_errors' (_helpers.eqx_on_error_process)
 def test_donation_next_to_a_ref_under_eqx_on_error_breakpoint():
     # Equinox then wraps jax.jit in a plain function (no .trace): every donation
